@@ -1,0 +1,24 @@
+"""harel_store: the execution store of a Harel-statechart workflow engine."""
+
+from ._aio import AsyncDictStore
+from ._errors import StoreConflict
+from ._protocols import AsyncExecutionStore, ExecutionStore
+from ._records import DEFAULT_TRACE_MAX, Execution, OutboxEntry, SpawnEntry, TimerOp
+from ._store import IMPLEMENTATION, DictStore
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncDictStore",
+    "AsyncExecutionStore",
+    "DEFAULT_TRACE_MAX",
+    "DictStore",
+    "Execution",
+    "ExecutionStore",
+    "IMPLEMENTATION",
+    "OutboxEntry",
+    "SpawnEntry",
+    "StoreConflict",
+    "TimerOp",
+    "__version__",
+]

@@ -1,0 +1,89 @@
+"""``AsyncDictStore``: the ``async def`` face of the selected ``DictStore``.
+
+It holds a sync store and awaits nothing: each coroutine runs its sync method to the
+end before it returns, so no other task of the loop can interleave mid-method and no
+lock is needed. The logic lives once, in the sync store.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Hashable, Iterable, Mapping, Optional
+
+from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
+from ._store import DictStore
+
+
+class AsyncDictStore:
+    """The in-memory ``AsyncExecutionStore``; see :class:`DictStore` for each method."""
+
+    __slots__ = ("_store",)
+
+    _sync_type: ClassVar[type[Any]] = DictStore
+
+    def __init__(self, *, trace_max: Optional[int] = DEFAULT_TRACE_MAX) -> None:
+        self._store = self._sync_type(trace_max=trace_max)
+
+    @property
+    def trace_max(self) -> Optional[int]:
+        """Steps kept per execution; ``0``/``None`` keeps all."""
+        return self._store.trace_max  # type: ignore[no-any-return]
+
+    @trace_max.setter
+    def trace_max(self, value: Optional[int]) -> None:
+        self._store.trace_max = value
+
+    async def load(self, execution_id: Hashable) -> Any:
+        return self._store.load(execution_id)
+
+    async def save(self, exe: Any) -> None:
+        self._store.save(exe)
+
+    async def commit(
+        self,
+        exe: Any,
+        emits: Iterable[tuple[Optional[Hashable], Any]],
+        processed_event_id: Optional[Hashable] = None,
+        timers: Iterable[TimerOp] = (),
+        spawns: Iterable[tuple[Hashable, Any, Mapping[Any, Any]]] = (),
+        trace: Optional[Mapping[str, Any]] = None,
+    ) -> None:
+        self._store.commit(exe, emits, processed_event_id, timers, spawns, trace)
+
+    async def is_processed(self, execution_id: Hashable, event_id: Hashable) -> bool:
+        return self._store.is_processed(execution_id, event_id)  # type: ignore[no-any-return]
+
+    async def pending_outbox(self) -> list[OutboxEntry]:
+        return self._store.pending_outbox()  # type: ignore[no-any-return]
+
+    async def ack_outbox(self, seq: int) -> None:
+        self._store.ack_outbox(seq)
+
+    async def pending_spawns(self) -> list[SpawnEntry]:
+        return self._store.pending_spawns()  # type: ignore[no-any-return]
+
+    async def ack_spawn(self, seq: int) -> None:
+        self._store.ack_spawn(seq)
+
+    async def due_timers(self, now: float) -> list[tuple[Hashable, Hashable, float]]:
+        return self._store.due_timers(now)  # type: ignore[no-any-return]
+
+    async def delete_timer(self, execution_id: Hashable, path: Hashable, fire_at: float) -> None:
+        self._store.delete_timer(execution_id, path, fire_at)
+
+    async def append_trace(self, execution_id: Hashable, entry: Mapping[str, Any]) -> None:
+        self._store.append_trace(execution_id, entry)
+
+    async def read_trace(self, execution_id: Hashable) -> list[dict[str, Any]]:
+        return self._store.read_trace(execution_id)  # type: ignore[no-any-return]
+
+    async def forget(self, execution_id: Hashable) -> None:
+        self._store.forget(execution_id)
+
+    async def stats(self) -> dict[str, int]:
+        return self._store.stats()  # type: ignore[no-any-return]
+
+    async def close(self) -> None:
+        self._store.close()
+
+    def _record_trace(self, execution_id: Hashable, entry: Mapping[str, Any]) -> None:
+        self._store._record_trace(execution_id, entry)

@@ -1,0 +1,519 @@
+"""The pure-Python ``DictStore``: the reference implementation, and the fallback where
+the compiled ``_store_c`` is not built. ``_store_c.pyx`` mirrors it name for name.
+
+Layout, against the specification's:
+
+- ``_by_id``: id -> the live execution object (as specified).
+- ``_outbox``/``_spawns``: :class:`_Fifo`, a deque in seq order plus the set of seqs not
+  yet acked, so acks in any order are O(1) amortized.
+- ``_processed``: id -> set of handled event ids, so :meth:`DictStore.forget` can drop an
+  execution's marks without scanning the others.
+- ``_timers``: id -> {path: heap entry}; ``_heap`` orders the entries by
+  ``(fire_at, arm order)``. Re-arming or cancelling marks the old entry dead instead of
+  searching the heap for it; dead entries are dropped when they reach the top and the
+  heap is rebuilt once they outnumber live ones.
+- ``_trace``: id -> :class:`_Ring`, a deque bounded by ``trace_max`` plus the id's next
+  monotonic step index.
+
+Every mutating method checks all of its input, and runs all the caller's code (``hash``,
+``__eq__``, mapping methods, iterators), before it writes anything.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from heapq import heapify, heappop, heappush
+from sys import maxsize as _MAX_SIZE
+from typing import Any, Hashable, Iterable, Optional
+
+from ._errors import StoreConflict
+from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
+
+_new = tuple.__new__
+_DEAD: Any = object()  # the id slot of a heap entry whose timer is no longer armed
+_SLACK = 64  # dead heap entries / acked FIFO entries tolerated before a rebuild
+_EMPTY: Any = ()
+
+
+def _hashable(value: Any, what: str) -> None:
+    try:
+        hash(value)
+    except TypeError:
+        raise TypeError(f"{what} must be hashable, got {type(value).__name__}") from None
+
+
+def _as_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, got {type(value).__name__}")
+    return int(value)
+
+
+def _as_time(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a real number (epoch seconds), got {type(value).__name__}")
+    try:
+        return float(value)
+    except OverflowError:
+        return float("inf") if value > 0 else float("-inf")
+
+
+def _as_trace_max(value: Any) -> Optional[int]:
+    if value is None:
+        return None
+    value = _as_int(value, "trace_max")
+    if not 0 <= value <= _MAX_SIZE:
+        raise ValueError(f"trace_max must be None or between 0 and {_MAX_SIZE}, got {value}")
+    return value
+
+
+def _items(iterable: Any, what: str) -> Iterable[Any]:
+    if type(iterable) is list or type(iterable) is tuple:
+        return iterable
+    try:
+        return iter(iterable)
+    except TypeError:
+        raise TypeError(f"{what} must be an iterable, got {type(iterable).__name__}") from None
+
+
+def _emit_pairs(emits: Any) -> list[tuple[Any, Any]]:
+    pairs: list[tuple[Any, Any]] = []
+    for item in _items(emits, "emits"):
+        if type(item) is not tuple or len(item) != 2:
+            if not isinstance(item, (tuple, list)) or len(item) != 2:
+                raise TypeError(
+                    f"emits[{len(pairs)}] must be a (target_id, event) pair, "
+                    f"got {type(item).__name__}"
+                )
+            item = (item[0], item[1])
+        target = item[0]
+        if target is not None and type(target) is not str:
+            _hashable(target, f"emits[{len(pairs)}] target_id")
+        pairs.append(item)
+    return pairs
+
+
+def _timer_ops(timers: Any) -> list[tuple[Any, Optional[float]]]:
+    """``(path, fire_at)`` per op; ``fire_at`` is ``None`` for a cancel."""
+    ops = []
+    for op in _items(timers, "timers"):
+        where = f"timers[{len(ops)}]"
+        if type(op) is TimerOp:
+            action, path, fire_at = op
+        else:
+            try:
+                action, path, fire_at = op.action, op.path, op.fire_at
+            except AttributeError:
+                raise TypeError(
+                    f"{where} must be a TimerOp (action, path, fire_at), got {type(op).__name__}"
+                ) from None
+        if type(path) is not str:
+            _hashable(path, f"{where}.path")
+        if action == "schedule":
+            if type(fire_at) is not float:
+                fire_at = _as_time(fire_at, f"{where}.fire_at")
+            if fire_at - fire_at != 0.0:
+                raise ValueError(f"{where}.fire_at must be finite, got {fire_at!r}")
+            ops.append((path, fire_at))
+        elif action == "cancel":
+            ops.append((path, None))
+        else:
+            raise ValueError(f"{where}.action must be 'schedule' or 'cancel', got {action!r}")
+    return ops
+
+
+def _spawn_items(spawns: Any) -> list[tuple[Any, Any, dict[Any, Any]]]:
+    items = []
+    for item in _items(spawns, "spawns"):
+        where = f"spawns[{len(items)}]"
+        if type(item) is not tuple or len(item) != 3:
+            if not isinstance(item, (tuple, list)) or len(item) != 3:
+                raise TypeError(
+                    f"{where} must be a (child_id, root_path, context) triple, "
+                    f"got {type(item).__name__}"
+                )
+        child_id, root_path, context = item
+        if type(child_id) is not str:
+            _hashable(child_id, f"{where} child_id")
+        if type(context) is dict:
+            context = context.copy()
+        elif isinstance(context, Mapping):
+            context = dict(context)
+        else:
+            raise TypeError(f"{where} context must be a mapping, got {type(context).__name__}")
+        items.append((child_id, root_path, context))
+    return items
+
+
+def _trace_step(entry: Any, what: str) -> dict[Any, Any]:
+    if type(entry) is dict:
+        return entry.copy()
+    if isinstance(entry, Mapping):
+        return dict(entry)
+    raise TypeError(f"{what} must be a mapping, got {type(entry).__name__}")
+
+
+class _Fifo:
+    """Entries in seq order, and the seqs among them not yet acked.
+
+    An ack drops its seq from ``live`` and pops acked entries off the head; once acked
+    entries outnumber live ones the deque is rebuilt. Every ack is O(1) amortized,
+    whatever the order, and memory stays proportional to what is pending.
+    """
+
+    __slots__ = ("entries", "live")
+
+    def __init__(self) -> None:
+        self.entries: deque[Any] = deque()
+        self.live: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.live)
+
+    def pending(self) -> list[Any]:
+        entries = self.entries
+        live = self.live
+        if len(entries) == len(live):
+            return list(entries)
+        return [e for e in entries if e[0] in live]
+
+    def ack(self, seq: Any) -> None:
+        if type(seq) is not int:
+            seq = _as_int(seq, "seq")
+        live = self.live
+        if seq not in live:
+            return
+        live.remove(seq)
+        entries = self.entries
+        while entries and entries[0][0] not in live:
+            entries.popleft()
+        if len(entries) > 2 * len(live) + _SLACK:
+            self.entries = deque([e for e in entries if e[0] in live])
+
+
+class _Ring:
+    """One execution's recent trace steps, and the index its next step gets."""
+
+    __slots__ = ("steps", "next_index")
+
+    def __init__(self, maxlen: Optional[int]) -> None:
+        self.steps: deque[dict[Any, Any]] = deque(maxlen=maxlen)
+        self.next_index = 0
+
+
+class DictStore:
+    """The in-memory ``ExecutionStore``: ``load`` returns the very object that was saved.
+
+    One writer at a time; see the README on concurrency.
+    """
+
+    __slots__ = (
+        "_by_id",
+        "_outbox",
+        "_processed",
+        "_timers",
+        "_heap",
+        "_spawns",
+        "_trace",
+        "_trace_max",
+        "_seq",
+        "_spawn_seq",
+        "_timer_seq",
+        "_n_marks",
+        "_n_timers",
+        "_n_dead",
+        "_n_steps",
+    )
+
+    def __init__(self, *, trace_max: Optional[int] = DEFAULT_TRACE_MAX) -> None:
+        self._trace_max = _as_trace_max(trace_max)
+        self._by_id: dict[Hashable, Any] = {}
+        self._outbox = _Fifo()
+        self._processed: dict[Hashable, set[Hashable]] = {}
+        self._timers: dict[Hashable, dict[Hashable, list[Any]]] = {}
+        self._heap: list[list[Any]] = []
+        self._spawns = _Fifo()
+        self._trace: dict[Hashable, _Ring] = {}
+        self._seq = 0
+        self._spawn_seq = 0
+        self._timer_seq = 0
+        self._n_marks = 0
+        self._n_timers = 0
+        self._n_dead = 0
+        self._n_steps = 0
+
+    @property
+    def trace_max(self) -> Optional[int]:
+        """Steps kept per execution; ``0``/``None`` keeps all. A change applies to an
+        execution's ring at its next append."""
+        return self._trace_max
+
+    @trace_max.setter
+    def trace_max(self, value: Optional[int]) -> None:
+        self._trace_max = _as_trace_max(value)
+
+    def load(self, execution_id: Hashable) -> Any:
+        """The live object saved under ``execution_id``, or ``None``: no copy."""
+        return self._by_id.get(execution_id)
+
+    def save(self, exe: Any) -> None:
+        """CAS-write ``exe`` and bump ``exe.version``.
+
+        Raises :class:`StoreConflict` when a *different* object is stored under
+        ``exe.id`` at a *different* version.
+        """
+        eid, version = self._cas(exe)
+        self._write(exe, eid, version)
+
+    def commit(
+        self,
+        exe: Any,
+        emits: Iterable[tuple[Optional[Hashable], Any]],
+        processed_event_id: Optional[Hashable] = None,
+        timers: Iterable[TimerOp] = (),
+        spawns: Iterable[tuple[Hashable, Any, Mapping[Any, Any]]] = (),
+        trace: Optional[Mapping[str, Any]] = None,
+    ) -> None:
+        """The event-boundary write: save ``exe`` (CAS), then enqueue ``emits``, mark
+        ``processed_event_id``, apply ``timers``, enqueue ``spawns``, record ``trace``.
+
+        All or nothing: on bad input (``TypeError``/``ValueError`` naming the item) or a
+        :class:`StoreConflict`, neither the store nor ``exe.version`` changes.
+        """
+        pairs = _emit_pairs(emits)
+        if processed_event_id is not None and type(processed_event_id) is not str:
+            _hashable(processed_event_id, "processed_event_id")
+        ops = _timer_ops(timers) if timers is not _EMPTY else None
+        children = _spawn_items(spawns) if spawns is not _EMPTY else None
+        step = _trace_step(trace, "trace") if trace is not None else None
+
+        eid, version = self._cas(exe)
+        self._write(exe, eid, version)
+        if pairs:
+            outbox = self._outbox
+            append = outbox.entries.append
+            add = outbox.live.add
+            seq = self._seq
+            for target_id, event in pairs:
+                seq += 1
+                append(_new(OutboxEntry, (seq, target_id, event)))
+                add(seq)
+            self._seq = seq
+        if processed_event_id is not None:
+            marks = self._processed.get(eid)
+            if marks is None:
+                self._processed[eid] = {processed_event_id}
+                self._n_marks += 1
+            elif processed_event_id not in marks:
+                marks.add(processed_event_id)
+                self._n_marks += 1
+        if ops:
+            self._apply_timers(eid, ops)
+        if children:
+            spawns_ = self._spawns
+            append = spawns_.entries.append
+            add = spawns_.live.add
+            seq = self._spawn_seq
+            for child_id, root_path, context in children:
+                seq += 1
+                append(_new(SpawnEntry, (seq, eid, child_id, root_path, context)))
+                add(seq)
+            self._spawn_seq = seq
+        if step is not None:
+            self._push_step(eid, step)
+
+    def is_processed(self, execution_id: Hashable, event_id: Hashable) -> bool:
+        """Whether a commit of ``execution_id`` recorded ``event_id`` as handled."""
+        marks = self._processed.get(execution_id)
+        return marks is not None and event_id in marks
+
+    def pending_outbox(self) -> list[OutboxEntry]:
+        """A copy of the unacked outbox entries, oldest first."""
+        return self._outbox.pending()
+
+    def ack_outbox(self, seq: int) -> None:
+        """Drop the outbox entry ``seq``; an unknown or already-acked seq is a no-op."""
+        self._outbox.ack(seq)
+
+    def pending_spawns(self) -> list[SpawnEntry]:
+        """A copy of the unacked spawn intents, oldest first."""
+        return self._spawns.pending()
+
+    def ack_spawn(self, seq: int) -> None:
+        """Drop the spawn intent ``seq``; an unknown or already-acked seq is a no-op."""
+        self._spawns.ack(seq)
+
+    def due_timers(self, now: float) -> list[tuple[Hashable, Hashable, float]]:
+        """``(execution_id, path, fire_at)`` of every armed timer with ``fire_at <= now``,
+        oldest ``fire_at`` first (ties in arming order). Timers stay armed until
+        :meth:`delete_timer`. Costs in proportion to the due timers."""
+        if type(now) is not float:
+            now = _as_time(now, "now")
+        heap = self._heap
+        while heap and heap[0][2] is _DEAD:
+            heappop(heap)
+            self._n_dead -= 1
+        if not heap or not heap[0][0] <= now:
+            return []
+        size = len(heap)
+        due = []
+        stack = [0]
+        while stack:
+            i = stack.pop()
+            entry = heap[i]
+            if entry[2] is not _DEAD:
+                due.append(entry)
+            child = 2 * i + 1
+            if child < size and heap[child][0] <= now:
+                stack.append(child)
+            child += 1
+            if child < size and heap[child][0] <= now:
+                stack.append(child)
+        due.sort()
+        return [(e[2], e[3], e[0]) for e in due]
+
+    def delete_timer(self, execution_id: Hashable, path: Hashable, fire_at: float) -> None:
+        """Disarm the timer only if it still fires at ``fire_at``, so a sweep that read it
+        before a re-arm cannot delete the re-armed timer."""
+        paths = self._timers.get(execution_id)
+        if paths is None:
+            return
+        entry = paths.get(path)
+        if entry is None or not entry[0] == fire_at or entry[2] is _DEAD:
+            return
+        del paths[path]
+        if not paths:
+            del self._timers[execution_id]
+        entry[2] = _DEAD
+        self._n_timers -= 1
+        self._n_dead += 1
+        self._compact_timers()
+
+    def append_trace(self, execution_id: Hashable, entry: Mapping[str, Any]) -> None:
+        """Record a trace step for ``execution_id`` outside a commit."""
+        self._record_trace(execution_id, entry)
+
+    def read_trace(self, execution_id: Hashable) -> list[dict[str, Any]]:
+        """A copy of the recent steps of ``execution_id``, oldest first (or ``[]``)."""
+        ring = self._trace.get(execution_id)
+        return [] if ring is None else list(ring.steps)
+
+    def forget(self, execution_id: Hashable) -> None:
+        """Drop an execution with its processed marks, armed timers, trace ring and
+        trace index, in time proportional to what it holds. Pending outbox and spawn
+        entries stay: they are owed to a relay. An unknown id is a no-op."""
+        self._by_id.pop(execution_id, None)
+        marks = self._processed.pop(execution_id, None)
+        if marks is not None:
+            self._n_marks -= len(marks)
+        paths = self._timers.pop(execution_id, None)
+        if paths is not None:
+            for entry in paths.values():
+                entry[2] = _DEAD
+            self._n_timers -= len(paths)
+            self._n_dead += len(paths)
+            self._compact_timers()
+        ring = self._trace.pop(execution_id, None)
+        if ring is not None:
+            self._n_steps -= len(ring.steps)
+
+    def stats(self) -> dict[str, int]:
+        """Counts for monitoring, each O(1)."""
+        return {
+            "executions": len(self._by_id),
+            "outbox": len(self._outbox),
+            "spawns": len(self._spawns),
+            "timers": self._n_timers,
+            "processed": self._n_marks,
+            "traces": len(self._trace),
+            "trace_steps": self._n_steps,
+        }
+
+    def close(self) -> None:
+        """Nothing to release: the store lives and dies with the process."""
+
+    def _record_trace(self, execution_id: Hashable, entry: Mapping[str, Any]) -> None:
+        step = _trace_step(entry, "trace entry")
+        if type(execution_id) is not str:
+            _hashable(execution_id, "execution_id")
+        self._push_step(execution_id, step)
+
+    def _cas(self, exe: Any) -> tuple[Hashable, int]:
+        try:
+            eid = exe.id
+            version = exe.version
+        except AttributeError:
+            raise TypeError(
+                f"an execution needs `id` and `version` attributes, got {type(exe).__name__}"
+            ) from None
+        if type(version) is not int:
+            version = _as_int(version, "execution version")
+        try:
+            prev = self._by_id.get(eid)
+        except TypeError:
+            raise TypeError(f"execution id must be hashable, got {type(eid).__name__}") from None
+        if prev is not None and prev is not exe:
+            found = prev.version
+            if found != version:
+                raise StoreConflict(eid, version, found)
+        return eid, version
+
+    def _write(self, exe: Any, eid: Hashable, version: int) -> None:
+        try:
+            exe.version = version + 1
+        except AttributeError:
+            raise TypeError(f"the version of {type(exe).__name__} is not writable") from None
+        self._by_id[eid] = exe
+
+    def _apply_timers(self, eid: Hashable, ops: list[tuple[Any, Optional[float]]]) -> None:
+        timers = self._timers
+        heap = self._heap
+        paths = timers.get(eid)
+        for path, fire_at in ops:
+            if fire_at is None:
+                old = paths.pop(path, None) if paths else None
+                if old is not None:
+                    old[2] = _DEAD
+                    self._n_dead += 1
+                    self._n_timers -= 1
+                continue
+            if paths is None:
+                timers[eid] = paths = {}
+            old = paths.get(path)
+            if old is None:
+                self._n_timers += 1
+            else:
+                old[2] = _DEAD
+                self._n_dead += 1
+            self._timer_seq += 1
+            entry = [fire_at, self._timer_seq, eid, path]
+            paths[path] = entry
+            heappush(heap, entry)
+        if paths is not None and not paths:
+            del timers[eid]
+        self._compact_timers()
+
+    def _compact_timers(self) -> None:
+        if self._n_dead > self._n_timers + _SLACK:
+            heap = [e for e in self._heap if e[2] is not _DEAD]
+            heapify(heap)
+            self._heap = heap
+            self._n_dead = 0
+
+    def _push_step(self, execution_id: Hashable, step: dict[Any, Any]) -> None:
+        maxlen = self._trace_max or None
+        ring = self._trace.get(execution_id)
+        if ring is None:
+            self._trace[execution_id] = ring = _Ring(maxlen)
+        elif ring.steps.maxlen != maxlen:
+            kept = deque(ring.steps, maxlen=maxlen)
+            self._n_steps += len(kept) - len(ring.steps)
+            ring.steps = kept
+        index = ring.next_index
+        ring.next_index = index + 1
+        if "index" not in step:
+            step["index"] = index
+        steps = ring.steps
+        if len(steps) != maxlen:
+            self._n_steps += 1
+        steps.append(step)

@@ -1,0 +1,97 @@
+"""Build harel_store: the Cython store when it can be compiled, the pure store otherwise.
+
+``HAREL_STORE_NO_EXTENSIONS`` skips the compiled store; ``HAREL_STORE_REQUIRE_EXTENSIONS``
+turns a failed compile into an error instead of a loud fallback to the pure install.
+``HAREL_STORE_CYTHON_TRACE=1`` compiles with line tracing for coverage and profilers; it
+halves the speed, so release builds never set it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = Path(__file__).resolve().parent
+
+
+def _load_env():
+    spec = importlib.util.spec_from_file_location("_harel_store_env", HERE / "harel_store" / "_env.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ENV = _load_env()
+NO_EXTENSIONS, REQUIRE_EXTENSIONS = ENV.switches()
+TRACE = ENV.is_truthy(os.environ.get("HAREL_STORE_CYTHON_TRACE"))
+
+
+def _fallback(reason: str) -> None:
+    if REQUIRE_EXTENSIONS:
+        raise SystemExit(
+            f"error: {ENV.REQUIRE_EXTENSIONS} is set and the compiled store could not be built: {reason}"
+        )
+    bar = "*" * 78
+    sys.stderr.write(
+        f"\n{bar}\nWARNING: harel_store's compiled store could not be built:\n  {reason}\n"
+        "Installing the PURE-PYTHON store instead: same behaviour, slower.\n"
+        f"Set {ENV.REQUIRE_EXTENSIONS}=1 to make this an error.\n{bar}\n\n"
+    )
+    sys.stderr.flush()
+
+
+class OptionalBuildExt(build_ext):
+    """Compile the store, or fall back to the pure install loudly (or fail, if required)."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:  # noqa: BLE001 - any build failure means "no compiler"
+            _fallback(f"{type(exc).__name__}: {exc}")
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as exc:  # noqa: BLE001
+            traceback.print_exc()
+            _fallback(f"{type(exc).__name__}: {exc}")
+
+
+def _extensions() -> list[Extension]:
+    if NO_EXTENSIONS:
+        print(f"{ENV.NO_EXTENSIONS} is set: building the pure-Python store only", file=sys.stderr)
+        return []
+    if sys.implementation.name != "cpython":
+        _fallback(f"the compiled store needs CPython, not {sys.implementation.name}")
+        return []
+    try:
+        from Cython.Build import cythonize
+    except ImportError as exc:
+        _fallback(f"Cython is not installed ({exc})")
+        return []
+    directives = {
+        "language_level": 3,
+        "embedsignature": True,
+        "boundscheck": False,
+        "wraparound": False,
+        "initializedcheck": False,
+        "cdivision": True,
+        "linetrace": TRACE,
+        "profile": TRACE,
+    }
+    macros = [("CYTHON_TRACE", "1"), ("CYTHON_TRACE_NOGIL", "1")] if TRACE else []
+    ext = Extension("harel_store._store_c", ["harel_store/_store_c.pyx"], define_macros=macros)
+    try:
+        return cythonize([ext], compiler_directives=directives, quiet=True)
+    except Exception as exc:  # noqa: BLE001
+        _fallback(f"cythonize failed: {type(exc).__name__}: {exc}")
+        return []
+
+
+setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -71,6 +71,7 @@ def _extensions() -> list[Extension]:
         _fallback(f"the compiled store needs CPython, not {sys.implementation.name}")
         return []
     try:
+        from Cython import __version__ as cython_version
         from Cython.Build import cythonize
     except ImportError as exc:
         _fallback(f"Cython is not installed ({exc})")
@@ -85,7 +86,9 @@ def _extensions() -> list[Extension]:
         "linetrace": TRACE,
         "profile": TRACE,
     }
-    macros = [("CYTHON_TRACE", "1"), ("CYTHON_TRACE_NOGIL", "1")] if TRACE else []
+    macros = [("HAREL_STORE_CYTHON_VERSION", f'"{cython_version}"')]
+    if TRACE:
+        macros += [("CYTHON_TRACE", "1"), ("CYTHON_TRACE_NOGIL", "1")]
     ext = Extension("harel_store._store_c", ["harel_store/_store_c.pyx"], define_macros=macros)
     try:
         return cythonize([ext], compiler_directives=directives, quiet=True)

@@ -36,10 +36,11 @@ _SLACK = 64  # dead heap entries / acked FIFO entries tolerated before a rebuild
 _EMPTY: Any = ()
 
 
-def _hashable(value: Any, what: str) -> None:
+def _hashable(value: Any, what: str, index: int = -1) -> None:
     try:
         hash(value)
     except TypeError:
+        what = what % index if index >= 0 else what
         raise TypeError(f"{what} must be hashable, got {type(value).__name__}") from None
 
 
@@ -67,80 +68,86 @@ def _as_trace_max(value: Any) -> Optional[int]:
     return value
 
 
-def _items(iterable: Any, what: str) -> Iterable[Any]:
-    if type(iterable) is list or type(iterable) is tuple:
+def _snapshot(iterable: Any, what: str) -> tuple[Any, ...]:
+    """The items as a tuple, so caller code run later cannot change what was checked."""
+    if type(iterable) is tuple:
         return iterable
+    if type(iterable) is list:
+        return tuple(iterable)
     try:
-        return iter(iterable)
+        iterator = iter(iterable)
     except TypeError:
         raise TypeError(f"{what} must be an iterable, got {type(iterable).__name__}") from None
+    return tuple(iterator)
 
 
-def _emit_pairs(emits: Any) -> list[tuple[Any, Any]]:
-    pairs: list[tuple[Any, Any]] = []
-    for item in _items(emits, "emits"):
-        if type(item) is not tuple or len(item) != 2:
-            if not isinstance(item, (tuple, list)) or len(item) != 2:
-                raise TypeError(
-                    f"emits[{len(pairs)}] must be a (target_id, event) pair, "
-                    f"got {type(item).__name__}"
-                )
-            item = (item[0], item[1])
-        target = item[0]
-        if target is not None and type(target) is not str:
-            _hashable(target, f"emits[{len(pairs)}] target_id")
-        pairs.append(item)
-    return pairs
+def _emit_pairs(pairs: tuple[Any, ...]) -> tuple[tuple[Any, Any], ...]:
+    """The slow path of ``commit``'s emit check: each item made a checked pair."""
+    return tuple([_emit_pair(item, i) for i, item in enumerate(pairs)])
 
 
-def _timer_ops(timers: Any) -> list[tuple[Any, Optional[float]]]:
-    """``(path, fire_at)`` per op; ``fire_at`` is ``None`` for a cancel."""
-    ops = []
-    for op in _items(timers, "timers"):
-        where = f"timers[{len(ops)}]"
-        if type(op) is TimerOp:
-            action, path, fire_at = op
-        else:
-            try:
-                action, path, fire_at = op.action, op.path, op.fire_at
-            except AttributeError:
-                raise TypeError(
-                    f"{where} must be a TimerOp (action, path, fire_at), got {type(op).__name__}"
-                ) from None
-        if type(path) is not str:
-            _hashable(path, f"{where}.path")
-        if action == "schedule":
-            if type(fire_at) is not float:
-                fire_at = _as_time(fire_at, f"{where}.fire_at")
-            if fire_at - fire_at != 0.0:
-                raise ValueError(f"{where}.fire_at must be finite, got {fire_at!r}")
-            ops.append((path, fire_at))
-        elif action == "cancel":
-            ops.append((path, None))
-        else:
-            raise ValueError(f"{where}.action must be 'schedule' or 'cancel', got {action!r}")
-    return ops
+def _emit_pair(item: Any, i: int) -> tuple[Any, Any]:
+    if type(item) is not tuple or len(item) != 2:
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise TypeError(f"emits[{i}] must be a (target_id, event) pair, got {type(item).__name__}")
+        item = (item[0], item[1])
+    target = item[0]
+    if target is not None and type(target) is not str:
+        _hashable(target, "emits[%d] target_id", i)
+    return item  # type: ignore[no-any-return]
+
+
+def _timer_ops(ops: tuple[Any, ...]) -> tuple[TimerOp, ...]:
+    """The slow path of ``commit``'s timer check: each op made a ``TimerOp`` with an exact
+    action and, for a schedule, a finite float ``fire_at``."""
+    return tuple([_timer_op(op, i) for i, op in enumerate(ops)])
+
+
+def _timer_op(op: Any, i: int) -> TimerOp:
+    if type(op) is TimerOp:
+        action, path, fire_at = op
+    else:
+        try:
+            action, path, fire_at = op.action, op.path, op.fire_at
+        except AttributeError:
+            raise TypeError(
+                f"timers[{i}] must be a TimerOp (action, path, fire_at), got {type(op).__name__}"
+            ) from None
+    if type(path) is not str:
+        _hashable(path, "timers[%d].path", i)
+    if action == "schedule":
+        if type(fire_at) is not float:
+            fire_at = _as_time(fire_at, f"timers[{i}].fire_at")
+        if fire_at - fire_at != 0.0:
+            raise ValueError(f"timers[{i}].fire_at must be finite, got {fire_at!r}")
+        return _new(TimerOp, ("schedule", path, fire_at))  # type: ignore[no-any-return]
+    if action == "cancel":
+        return _new(TimerOp, ("cancel", path, None))  # type: ignore[no-any-return]
+    raise ValueError(f"timers[{i}].action must be 'schedule' or 'cancel', got {action!r}")
 
 
 def _spawn_items(spawns: Any) -> list[tuple[Any, Any, dict[Any, Any]]]:
     items = []
-    for item in _items(spawns, "spawns"):
-        where = f"spawns[{len(items)}]"
+    if type(spawns) is not list and type(spawns) is not tuple:
+        spawns = _snapshot(spawns, "spawns")
+    for item in spawns:
         if type(item) is not tuple or len(item) != 3:
             if not isinstance(item, (tuple, list)) or len(item) != 3:
                 raise TypeError(
-                    f"{where} must be a (child_id, root_path, context) triple, "
+                    f"spawns[{len(items)}] must be a (child_id, root_path, context) triple, "
                     f"got {type(item).__name__}"
                 )
         child_id, root_path, context = item
         if type(child_id) is not str:
-            _hashable(child_id, f"{where} child_id")
+            _hashable(child_id, "spawns[%d] child_id", len(items))
         if type(context) is dict:
             context = context.copy()
         elif isinstance(context, Mapping):
             context = dict(context)
         else:
-            raise TypeError(f"{where} context must be a mapping, got {type(context).__name__}")
+            raise TypeError(
+                f"spawns[{len(items)}] context must be a mapping, got {type(context).__name__}"
+            )
         items.append((child_id, root_path, context))
     return items
 
@@ -216,6 +223,7 @@ class DictStore:
         "_spawns",
         "_trace",
         "_trace_max",
+        "_maxlen",
         "_seq",
         "_spawn_seq",
         "_timer_seq",
@@ -226,7 +234,7 @@ class DictStore:
     )
 
     def __init__(self, *, trace_max: Optional[int] = DEFAULT_TRACE_MAX) -> None:
-        self._trace_max = _as_trace_max(trace_max)
+        self.trace_max = trace_max
         self._by_id: dict[Hashable, Any] = {}
         self._outbox = _Fifo()
         self._processed: dict[Hashable, set[Hashable]] = {}
@@ -251,6 +259,7 @@ class DictStore:
     @trace_max.setter
     def trace_max(self, value: Optional[int]) -> None:
         self._trace_max = _as_trace_max(value)
+        self._maxlen = self._trace_max or None
 
     def load(self, execution_id: Hashable) -> Any:
         """The live object saved under ``execution_id``, or ``None``: no copy."""
@@ -262,8 +271,7 @@ class DictStore:
         Raises :class:`StoreConflict` when a *different* object is stored under
         ``exe.id`` at a *different* version.
         """
-        eid, version = self._cas(exe)
-        self._write(exe, eid, version)
+        self.commit(exe, _EMPTY)
 
     def commit(
         self,
@@ -280,15 +288,77 @@ class DictStore:
         All or nothing: on bad input (``TypeError``/``ValueError`` naming the item) or a
         :class:`StoreConflict`, neither the store nor ``exe.version`` changes.
         """
-        pairs = _emit_pairs(emits)
+        # Check and copy everything the caller handed over; nothing is written yet. The
+        # loops below are the exact-type fast paths; anything else takes the slow path.
+        if type(emits) is list:
+            pairs = tuple(emits)
+        elif type(emits) is tuple:
+            pairs = emits
+        else:
+            pairs = _snapshot(emits, "emits")
+        for item in pairs:
+            if type(item) is not tuple or len(item) != 2:
+                pairs = _emit_pairs(pairs)
+                break
+            target = item[0]
+            if target is not None and type(target) is not str:
+                pairs = _emit_pairs(pairs)
+                break
         if processed_event_id is not None and type(processed_event_id) is not str:
             _hashable(processed_event_id, "processed_event_id")
-        ops = _timer_ops(timers) if timers is not _EMPTY else None
-        children = _spawn_items(spawns) if spawns is not _EMPTY else None
-        step = _trace_step(trace, "trace") if trace is not None else None
+        if timers is _EMPTY:
+            ops = _EMPTY
+        else:
+            ops = tuple(timers) if type(timers) is list else _snapshot(timers, "timers")
+            for op in ops:
+                if type(op) is not TimerOp or type(op[1]) is not str:
+                    ops = _timer_ops(ops)
+                    break
+                action = op[0]
+                if action == "schedule":
+                    fire_at = op[2]
+                    if type(fire_at) is not float or fire_at - fire_at != 0.0:
+                        ops = _timer_ops(ops)
+                        break
+                elif action != "cancel":
+                    ops = _timer_ops(ops)
+                    break
+        children = _spawn_items(spawns) if spawns is not _EMPTY else _EMPTY
+        if trace is None:
+            step = None
+        elif type(trace) is dict:
+            step = trace.copy()
+        else:
+            step = _trace_step(trace, "trace")
 
-        eid, version = self._cas(exe)
-        self._write(exe, eid, version)
+        # CAS, read as late as possible so no caller code runs between check and write.
+        try:
+            eid = exe.id
+        except AttributeError:
+            raise TypeError(f"an execution needs an `id` attribute, got {type(exe).__name__}") from None
+        by_id = self._by_id
+        try:
+            prev = by_id.get(eid)
+        except TypeError:
+            raise TypeError(f"execution id must be hashable, got {type(eid).__name__}") from None
+        try:
+            version = exe.version
+        except AttributeError:
+            raise TypeError(
+                f"an execution needs a `version` attribute, got {type(exe).__name__}"
+            ) from None
+        if type(version) is not int:
+            version = _as_int(version, "execution version")
+        if prev is not None and prev is not exe:
+            found = prev.version
+            if found != version:
+                raise StoreConflict(eid, version, found)
+        try:
+            exe.version = version + 1
+        except AttributeError:
+            raise TypeError(f"the version of {type(exe).__name__} is not writable") from None
+        by_id[eid] = exe
+
         if pairs:
             outbox = self._outbox
             append = outbox.entries.append
@@ -308,7 +378,35 @@ class DictStore:
                 marks.add(processed_event_id)
                 self._n_marks += 1
         if ops:
-            self._apply_timers(eid, ops)
+            timers_ = self._timers
+            heap = self._heap
+            paths = timers_.get(eid)
+            for action, path, fire_at in ops:
+                if action == "cancel":
+                    old = paths.pop(path, None) if paths else None
+                    if old is not None:
+                        old[2] = _DEAD
+                        self._n_dead += 1
+                        self._n_timers -= 1
+                    continue
+                if paths is None:
+                    timers_[eid] = paths = {}
+                old = paths.get(path)
+                if old is None:
+                    self._n_timers += 1
+                elif old[0] == fire_at:
+                    continue  # re-armed at the same time: the entry stands
+                else:
+                    old[2] = _DEAD
+                    self._n_dead += 1
+                self._timer_seq = n = self._timer_seq + 1
+                entry = [fire_at, n, eid, path]
+                paths[path] = entry
+                heappush(heap, entry)
+            if paths is not None and not paths:
+                del timers_[eid]
+            if self._n_dead > self._n_timers + _SLACK:
+                self._compact_timers()
         if children:
             spawns_ = self._spawns
             append = spawns_.entries.append
@@ -320,7 +418,18 @@ class DictStore:
                 add(seq)
             self._spawn_seq = seq
         if step is not None:
-            self._push_step(eid, step)
+            # _push_step, inlined: this is the hot path.
+            ring = self._trace.get(eid)
+            if ring is None or ring.steps.maxlen != self._maxlen:
+                ring = self._ring(eid)
+            index = ring.next_index
+            ring.next_index = index + 1
+            if "index" not in step:
+                step["index"] = index
+            steps = ring.steps
+            if len(steps) != self._maxlen:
+                self._n_steps += 1
+            steps.append(step)
 
     def is_processed(self, execution_id: Hashable, event_id: Hashable) -> bool:
         """Whether a commit of ``execution_id`` recorded ``event_id`` as handled."""
@@ -387,7 +496,8 @@ class DictStore:
         entry[2] = _DEAD
         self._n_timers -= 1
         self._n_dead += 1
-        self._compact_timers()
+        if self._n_dead > self._n_timers + _SLACK:
+            self._compact_timers()
 
     def append_trace(self, execution_id: Hashable, entry: Mapping[str, Any]) -> None:
         """Record a trace step for ``execution_id`` outside a commit."""
@@ -412,7 +522,8 @@ class DictStore:
                 entry[2] = _DEAD
             self._n_timers -= len(paths)
             self._n_dead += len(paths)
-            self._compact_timers()
+            if self._n_dead > self._n_timers + _SLACK:
+                self._compact_timers()
         ring = self._trace.pop(execution_id, None)
         if ring is not None:
             self._n_steps -= len(ring.steps)
@@ -438,82 +549,32 @@ class DictStore:
             _hashable(execution_id, "execution_id")
         self._push_step(execution_id, step)
 
-    def _cas(self, exe: Any) -> tuple[Hashable, int]:
-        try:
-            eid = exe.id
-            version = exe.version
-        except AttributeError:
-            raise TypeError(
-                f"an execution needs `id` and `version` attributes, got {type(exe).__name__}"
-            ) from None
-        if type(version) is not int:
-            version = _as_int(version, "execution version")
-        try:
-            prev = self._by_id.get(eid)
-        except TypeError:
-            raise TypeError(f"execution id must be hashable, got {type(eid).__name__}") from None
-        if prev is not None and prev is not exe:
-            found = prev.version
-            if found != version:
-                raise StoreConflict(eid, version, found)
-        return eid, version
-
-    def _write(self, exe: Any, eid: Hashable, version: int) -> None:
-        try:
-            exe.version = version + 1
-        except AttributeError:
-            raise TypeError(f"the version of {type(exe).__name__} is not writable") from None
-        self._by_id[eid] = exe
-
-    def _apply_timers(self, eid: Hashable, ops: list[tuple[Any, Optional[float]]]) -> None:
-        timers = self._timers
-        heap = self._heap
-        paths = timers.get(eid)
-        for path, fire_at in ops:
-            if fire_at is None:
-                old = paths.pop(path, None) if paths else None
-                if old is not None:
-                    old[2] = _DEAD
-                    self._n_dead += 1
-                    self._n_timers -= 1
-                continue
-            if paths is None:
-                timers[eid] = paths = {}
-            old = paths.get(path)
-            if old is None:
-                self._n_timers += 1
-            else:
-                old[2] = _DEAD
-                self._n_dead += 1
-            self._timer_seq += 1
-            entry = [fire_at, self._timer_seq, eid, path]
-            paths[path] = entry
-            heappush(heap, entry)
-        if paths is not None and not paths:
-            del timers[eid]
-        self._compact_timers()
-
     def _compact_timers(self) -> None:
-        if self._n_dead > self._n_timers + _SLACK:
-            heap = [e for e in self._heap if e[2] is not _DEAD]
-            heapify(heap)
-            self._heap = heap
-            self._n_dead = 0
+        heap = [e for e in self._heap if e[2] is not _DEAD]
+        heapify(heap)
+        self._heap = heap
+        self._n_dead = 0
 
     def _push_step(self, execution_id: Hashable, step: dict[Any, Any]) -> None:
-        maxlen = self._trace_max or None
         ring = self._trace.get(execution_id)
-        if ring is None:
-            self._trace[execution_id] = ring = _Ring(maxlen)
-        elif ring.steps.maxlen != maxlen:
-            kept = deque(ring.steps, maxlen=maxlen)
-            self._n_steps += len(kept) - len(ring.steps)
-            ring.steps = kept
+        if ring is None or ring.steps.maxlen != self._maxlen:
+            ring = self._ring(execution_id)
         index = ring.next_index
         ring.next_index = index + 1
         if "index" not in step:
             step["index"] = index
         steps = ring.steps
-        if len(steps) != maxlen:
+        if len(steps) != self._maxlen:
             self._n_steps += 1
         steps.append(step)
+
+    def _ring(self, execution_id: Hashable) -> _Ring:
+        """The ring of ``execution_id``, created, or re-cut to a changed ``trace_max``."""
+        ring = self._trace.get(execution_id)
+        if ring is None:
+            self._trace[execution_id] = ring = _Ring(self._maxlen)
+        else:
+            kept = deque(ring.steps, maxlen=self._maxlen)
+            self._n_steps += len(kept) - len(ring.steps)
+            ring.steps = kept
+        return ring

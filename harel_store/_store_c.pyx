@@ -1,0 +1,606 @@
+"""The compiled ``DictStore``: ``_store_py`` with typed counters, C-level record
+construction and a ring buffer per trace. Same names, same order, same behaviour; the
+docstrings and type hints live in ``_store_py``."""
+
+from collections import deque
+from collections.abc import Mapping
+from heapq import heapify, heappop, heappush
+from sys import maxsize as _MAX_SIZE
+
+from cpython.float cimport PyFloat_AS_DOUBLE
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.ref cimport Py_INCREF
+from cpython.set cimport PySet_Add, PySet_Contains, PySet_Discard
+from cpython.tuple cimport PyTuple_SET_ITEM
+
+from ._errors import StoreConflict
+from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
+
+cdef extern from "Python.h":
+    object PyType_GenericAlloc(type cls, Py_ssize_t nitems)
+
+cdef extern from *:
+    """
+    #ifndef HAREL_STORE_CYTHON_VERSION
+    #define HAREL_STORE_CYTHON_VERSION "unknown"
+    #endif
+    """
+    const char *HAREL_STORE_CYTHON_VERSION
+
+__cython_version__ = HAREL_STORE_CYTHON_VERSION.decode()
+
+cdef type _OutboxEntry = OutboxEntry
+cdef type _SpawnEntry = SpawnEntry
+cdef type _TimerOp = TimerOp
+cdef object _DEAD = object()
+cdef Py_ssize_t _SLACK = 64
+cdef tuple _EMPTY = ()
+
+
+cdef inline object _new3(type cls, object a, object b, object c):
+    # What tuple.__new__(cls, (a, b, c)) does, without the argument tuple.
+    cdef object record = PyType_GenericAlloc(cls, 3)
+    Py_INCREF(a)
+    PyTuple_SET_ITEM(record, 0, a)
+    Py_INCREF(b)
+    PyTuple_SET_ITEM(record, 1, b)
+    Py_INCREF(c)
+    PyTuple_SET_ITEM(record, 2, c)
+    return record
+
+
+cdef inline object _new5(type cls, object a, object b, object c, object d, object e):
+    cdef object record = PyType_GenericAlloc(cls, 5)
+    Py_INCREF(a)
+    PyTuple_SET_ITEM(record, 0, a)
+    Py_INCREF(b)
+    PyTuple_SET_ITEM(record, 1, b)
+    Py_INCREF(c)
+    PyTuple_SET_ITEM(record, 2, c)
+    Py_INCREF(d)
+    PyTuple_SET_ITEM(record, 3, d)
+    Py_INCREF(e)
+    PyTuple_SET_ITEM(record, 4, e)
+    return record
+
+
+cdef int _hashable(object value, str what, Py_ssize_t index=-1) except -1:
+    try:
+        hash(value)
+    except TypeError:
+        what = what % index if index >= 0 else what
+        raise TypeError(f"{what} must be hashable, got {type(value).__name__}") from None
+    return 0
+
+
+cdef object _as_int(object value, str what):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, got {type(value).__name__}")
+    return int(value)
+
+
+cdef double _as_time(object value, str what) except? -1.0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a real number (epoch seconds), got {type(value).__name__}")
+    try:
+        return float(value)
+    except OverflowError:
+        return float("inf") if value > 0 else float("-inf")
+
+
+cdef object _as_trace_max(object value):
+    if value is None:
+        return None
+    value = _as_int(value, "trace_max")
+    if not 0 <= value <= _MAX_SIZE:
+        raise ValueError(f"trace_max must be None or between 0 and {_MAX_SIZE}, got {value}")
+    return value
+
+
+cdef tuple _snapshot(object iterable, str what):
+    if type(iterable) is tuple:
+        return <tuple>iterable
+    if type(iterable) is list:
+        return tuple(<list>iterable)
+    try:
+        iterator = iter(iterable)
+    except TypeError:
+        raise TypeError(f"{what} must be an iterable, got {type(iterable).__name__}") from None
+    return tuple(iterator)
+
+
+cdef tuple _emit_pairs(tuple pairs):
+    return tuple([_emit_pair(item, i) for i, item in enumerate(pairs)])
+
+
+cdef tuple _emit_pair(object item, Py_ssize_t i):
+    if type(item) is not tuple or len(<tuple>item) != 2:
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise TypeError(f"emits[{i}] must be a (target_id, event) pair, got {type(item).__name__}")
+        item = (item[0], item[1])
+    target = (<tuple>item)[0]
+    if target is not None and type(target) is not str:
+        _hashable(target, "emits[%d] target_id", i)
+    return <tuple>item
+
+
+cdef tuple _timer_ops(tuple ops):
+    return tuple([_timer_op(op, i) for i, op in enumerate(ops)])
+
+
+cdef tuple _timer_op(object op, Py_ssize_t i):
+    cdef double at
+    if type(op) is _TimerOp:
+        action, path, fire_at = <tuple>op
+    else:
+        try:
+            action, path, fire_at = op.action, op.path, op.fire_at
+        except AttributeError:
+            raise TypeError(
+                f"timers[{i}] must be a TimerOp (action, path, fire_at), got {type(op).__name__}"
+            ) from None
+    if type(path) is not str:
+        _hashable(path, "timers[%d].path", i)
+    if action == "schedule":
+        if type(fire_at) is float:
+            at = PyFloat_AS_DOUBLE(fire_at)
+        else:
+            at = _as_time(fire_at, f"timers[{i}].fire_at")
+        if at - at != 0.0:
+            raise ValueError(f"timers[{i}].fire_at must be finite, got {fire_at!r}")
+        return _new3(_TimerOp, "schedule", path, at)
+    if action == "cancel":
+        return _new3(_TimerOp, "cancel", path, None)
+    raise ValueError(f"timers[{i}].action must be 'schedule' or 'cancel', got {action!r}")
+
+
+cdef list _spawn_items(object spawns):
+    cdef list items = []
+    cdef object item, child_id, root_path, context
+    if type(spawns) is not list and type(spawns) is not tuple:
+        spawns = _snapshot(spawns, "spawns")
+    for item in spawns:
+        if type(item) is not tuple or len(<tuple>item) != 3:
+            if not isinstance(item, (tuple, list)) or len(item) != 3:
+                raise TypeError(
+                    f"spawns[{len(items)}] must be a (child_id, root_path, context) triple, "
+                    f"got {type(item).__name__}"
+                )
+        child_id, root_path, context = item
+        if type(child_id) is not str:
+            _hashable(child_id, "spawns[%d] child_id", len(items))
+        if type(context) is dict:
+            context = (<dict>context).copy()
+        elif isinstance(context, Mapping):
+            context = dict(context)
+        else:
+            raise TypeError(
+                f"spawns[{len(items)}] context must be a mapping, got {type(context).__name__}"
+            )
+        items.append((child_id, root_path, context))
+    return items
+
+
+cdef dict _trace_step(object entry, str what):
+    if type(entry) is dict:
+        return (<dict>entry).copy()
+    if isinstance(entry, Mapping):
+        return dict(entry)
+    raise TypeError(f"{what} must be a mapping, got {type(entry).__name__}")
+
+
+cdef class _Fifo:
+    """Entries in seq order, and the seqs among them not yet acked."""
+
+    cdef object entries
+    cdef set live
+    cdef object _append
+    cdef object _popleft
+
+    def __init__(self):
+        self._reset(deque())
+        self.live = set()
+
+    cdef inline void _reset(self, object entries):
+        self.entries = entries
+        self._append = entries.append
+        self._popleft = entries.popleft
+
+    def __len__(self):
+        return len(self.live)
+
+    cdef list pending(self):
+        cdef object e
+        if len(self.entries) == len(self.live):
+            return list(self.entries)
+        return [e for e in self.entries if PySet_Contains(self.live, (<tuple>e)[0])]
+
+    cdef int ack(self, object seq) except -1:
+        if type(seq) is not int:
+            seq = _as_int(seq, "seq")
+        if not PySet_Discard(self.live, seq):
+            return 0
+        entries = self.entries
+        while entries and not PySet_Contains(self.live, (<tuple>entries[0])[0]):
+            self._popleft()
+        if len(entries) > 2 * len(self.live) + _SLACK:
+            self._reset(deque([e for e in entries if PySet_Contains(self.live, (<tuple>e)[0])]))
+        return 0
+
+    cdef inline int push(self, object entry, object seq) except -1:
+        self._append(entry)
+        return PySet_Add(self.live, seq)
+
+
+cdef class _Ring:
+    """One execution's recent trace steps, and the index its next step gets.
+
+    ``steps`` is a ring buffer: once ``maxlen`` steps are held, a new step overwrites the
+    oldest, at ``head``, so trimming costs nothing."""
+
+    cdef list steps
+    cdef Py_ssize_t head
+    cdef Py_ssize_t maxlen
+    cdef long long next_index
+
+    def __init__(self, Py_ssize_t maxlen):
+        self.steps = []
+        self.head = 0
+        self.maxlen = maxlen
+        self.next_index = 0
+
+    cdef list ordered(self):
+        if self.head == 0:
+            return list(self.steps)
+        return self.steps[self.head:] + self.steps[:self.head]
+
+    cdef Py_ssize_t resize(self, Py_ssize_t maxlen):
+        """Re-cut to a new ``maxlen`` (0: unbounded); returns the change in steps held."""
+        cdef list steps = self.ordered()
+        cdef Py_ssize_t before = len(steps)
+        if maxlen and len(steps) > maxlen:
+            del steps[:len(steps) - maxlen]
+        self.steps = steps
+        self.head = 0
+        self.maxlen = maxlen
+        return len(steps) - before
+
+    cdef inline int push(self, object step) except -1:
+        """Store ``step``; true when it added to the steps held (nothing overwritten)."""
+        cdef Py_ssize_t head
+        if self.maxlen == 0 or PyList_GET_SIZE(self.steps) < self.maxlen:
+            self.steps.append(step)
+            return True
+        head = self.head
+        self.steps[head] = step
+        head += 1
+        self.head = 0 if head == self.maxlen else head
+        return False
+
+
+cdef class DictStore:
+    """The in-memory ``ExecutionStore``: ``load`` returns the very object that was saved."""
+
+    cdef dict _by_id
+    cdef _Fifo _outbox
+    cdef dict _processed
+    cdef dict _timers
+    cdef list _heap
+    cdef _Fifo _spawns
+    cdef dict _trace
+    cdef object _trace_max
+    cdef Py_ssize_t _maxlen
+    cdef long long _seq
+    cdef long long _spawn_seq
+    cdef long long _timer_seq
+    cdef Py_ssize_t _n_marks
+    cdef Py_ssize_t _n_timers
+    cdef Py_ssize_t _n_dead
+    cdef Py_ssize_t _n_steps
+
+    def __init__(self, *, trace_max=DEFAULT_TRACE_MAX):
+        self.trace_max = trace_max
+        self._by_id = {}
+        self._outbox = _Fifo()
+        self._processed = {}
+        self._timers = {}
+        self._heap = []
+        self._spawns = _Fifo()
+        self._trace = {}
+        self._seq = 0
+        self._spawn_seq = 0
+        self._timer_seq = 0
+        self._n_marks = 0
+        self._n_timers = 0
+        self._n_dead = 0
+        self._n_steps = 0
+
+    @property
+    def trace_max(self):
+        return self._trace_max
+
+    @trace_max.setter
+    def trace_max(self, value):
+        value = _as_trace_max(value)
+        self._trace_max = value
+        self._maxlen = value or 0
+
+    def load(self, execution_id):
+        return self._by_id.get(execution_id)
+
+    def save(self, exe):
+        self.commit(exe, _EMPTY)
+
+    def commit(self, exe, emits, processed_event_id=None, timers=(), spawns=(), trace=None):
+        cdef tuple pairs, ops
+        cdef object item
+        cdef list children = None
+        cdef dict step = None
+        cdef object eid, prev, version, found, target, action, fire_at, seq, marks
+        cdef long long n
+        cdef _Fifo fifo
+
+        if type(emits) is list:
+            pairs = tuple(<list>emits)
+        elif type(emits) is tuple:
+            pairs = <tuple>emits
+        else:
+            pairs = _snapshot(emits, "emits")
+        for item in pairs:
+            if type(item) is not tuple or len(<tuple>item) != 2:
+                pairs = _emit_pairs(pairs)
+                break
+            target = (<tuple>item)[0]
+            if target is not None and type(target) is not str:
+                pairs = _emit_pairs(pairs)
+                break
+        if processed_event_id is not None and type(processed_event_id) is not str:
+            _hashable(processed_event_id, "processed_event_id")
+        if timers is _EMPTY:
+            ops = _EMPTY
+        else:
+            ops = _snapshot(timers, "timers")
+            for item in ops:
+                if type(item) is not _TimerOp or type((<tuple>item)[1]) is not str:
+                    ops = _timer_ops(ops)
+                    break
+                action = (<tuple>item)[0]
+                if action == "schedule":
+                    fire_at = (<tuple>item)[2]
+                    if type(fire_at) is not float or (
+                        PyFloat_AS_DOUBLE(fire_at) - PyFloat_AS_DOUBLE(fire_at) != 0.0
+                    ):
+                        ops = _timer_ops(ops)
+                        break
+                elif action != "cancel":
+                    ops = _timer_ops(ops)
+                    break
+        if spawns is not _EMPTY:
+            children = _spawn_items(spawns)
+        if trace is not None:
+            step = (<dict>trace).copy() if type(trace) is dict else _trace_step(trace, "trace")
+
+        try:
+            eid = exe.id
+        except AttributeError:
+            raise TypeError(f"an execution needs an `id` attribute, got {type(exe).__name__}") from None
+        try:
+            prev = self._by_id.get(eid)
+        except TypeError:
+            raise TypeError(f"execution id must be hashable, got {type(eid).__name__}") from None
+        try:
+            version = exe.version
+        except AttributeError:
+            raise TypeError(
+                f"an execution needs a `version` attribute, got {type(exe).__name__}"
+            ) from None
+        if type(version) is not int:
+            version = _as_int(version, "execution version")
+        if prev is not None and prev is not exe:
+            found = prev.version
+            if found != version:
+                raise StoreConflict(eid, version, found)
+        try:
+            exe.version = version + 1
+        except AttributeError:
+            raise TypeError(f"the version of {type(exe).__name__} is not writable") from None
+        self._by_id[eid] = exe
+
+        if pairs:
+            fifo = self._outbox
+            n = self._seq
+            for item in pairs:
+                n += 1
+                seq = n
+                fifo.push(_new3(_OutboxEntry, seq, (<tuple>item)[0], (<tuple>item)[1]), seq)
+            self._seq = n
+        if processed_event_id is not None:
+            marks = self._processed.get(eid)
+            if marks is None:
+                self._processed[eid] = {processed_event_id}
+                self._n_marks += 1
+            elif not PySet_Contains(marks, processed_event_id):
+                PySet_Add(marks, processed_event_id)
+                self._n_marks += 1
+        if ops:
+            self._apply_timers(eid, ops)
+        if children:
+            fifo = self._spawns
+            n = self._spawn_seq
+            for item in children:
+                n += 1
+                seq = n
+                fifo.push(
+                    _new5(_SpawnEntry, seq, eid, (<tuple>item)[0], (<tuple>item)[1], (<tuple>item)[2]),
+                    seq,
+                )
+            self._spawn_seq = n
+        if step is not None:
+            self._push_step(eid, step)
+
+    def is_processed(self, execution_id, event_id):
+        marks = self._processed.get(execution_id)
+        return marks is not None and PySet_Contains(marks, event_id) == 1
+
+    def pending_outbox(self):
+        return self._outbox.pending()
+
+    def ack_outbox(self, seq):
+        self._outbox.ack(seq)
+
+    def pending_spawns(self):
+        return self._spawns.pending()
+
+    def ack_spawn(self, seq):
+        self._spawns.ack(seq)
+
+    def due_timers(self, now):
+        cdef double at = PyFloat_AS_DOUBLE(now) if type(now) is float else _as_time(now, "now")
+        cdef list heap = self._heap
+        cdef list due = []
+        cdef list entry
+        while heap and (<list>heap[0])[2] is _DEAD:
+            heappop(heap)
+            self._n_dead -= 1
+        if not heap or not PyFloat_AS_DOUBLE((<list>heap[0])[0]) <= at:
+            return []
+        _collect_due(heap, 0, PyList_GET_SIZE(heap), at, due)
+        due.sort()
+        return [(entry[2], entry[3], entry[0]) for entry in due]
+
+    def delete_timer(self, execution_id, path, fire_at):
+        cdef dict paths = self._timers.get(execution_id)
+        cdef list entry
+        if paths is None:
+            return
+        entry = paths.get(path)
+        if entry is None or not entry[0] == fire_at or entry[2] is _DEAD:
+            return
+        del paths[path]
+        if not paths:
+            del self._timers[execution_id]
+        entry[2] = _DEAD
+        self._n_timers -= 1
+        self._n_dead += 1
+        self._compact_timers()
+
+    def append_trace(self, execution_id, entry):
+        self._record_trace(execution_id, entry)
+
+    def read_trace(self, execution_id):
+        cdef _Ring ring = self._trace.get(execution_id)
+        return [] if ring is None else ring.ordered()
+
+    def forget(self, execution_id):
+        cdef list entry
+        cdef _Ring ring
+        self._by_id.pop(execution_id, None)
+        marks = self._processed.pop(execution_id, None)
+        if marks is not None:
+            self._n_marks -= len(marks)
+        paths = self._timers.pop(execution_id, None)
+        if paths is not None:
+            for entry in (<dict>paths).values():
+                entry[2] = _DEAD
+            self._n_timers -= len(paths)
+            self._n_dead += len(paths)
+            self._compact_timers()
+        ring = self._trace.pop(execution_id, None)
+        if ring is not None:
+            self._n_steps -= len(ring.steps)
+
+    def stats(self):
+        return {
+            "executions": len(self._by_id),
+            "outbox": len(self._outbox.live),
+            "spawns": len(self._spawns.live),
+            "timers": self._n_timers,
+            "processed": self._n_marks,
+            "traces": len(self._trace),
+            "trace_steps": self._n_steps,
+        }
+
+    def close(self):
+        pass
+
+    def _record_trace(self, execution_id, entry):
+        cdef dict step = _trace_step(entry, "trace entry")
+        if type(execution_id) is not str:
+            _hashable(execution_id, "execution_id")
+        self._push_step(execution_id, step)
+
+    cdef int _apply_timers(self, object eid, tuple ops) except -1:
+        cdef dict timers = self._timers
+        cdef list heap = self._heap
+        cdef dict paths = timers.get(eid)
+        cdef list entry, old
+        cdef object op
+        for op in ops:
+            path = (<tuple>op)[1]
+            fire_at = (<tuple>op)[2]
+            if (<tuple>op)[0] == "cancel":
+                old = paths.pop(path, None) if paths else None
+                if old is not None:
+                    old[2] = _DEAD
+                    self._n_dead += 1
+                    self._n_timers -= 1
+                continue
+            if paths is None:
+                paths = {}
+                timers[eid] = paths
+            old = paths.get(path)
+            if old is None:
+                self._n_timers += 1
+            elif PyFloat_AS_DOUBLE(old[0]) == PyFloat_AS_DOUBLE(fire_at):
+                continue
+            else:
+                old[2] = _DEAD
+                self._n_dead += 1
+            self._timer_seq += 1
+            entry = [fire_at, self._timer_seq, eid, path]
+            paths[path] = entry
+            heappush(heap, entry)
+        if paths is not None and not paths:
+            del timers[eid]
+        self._compact_timers()
+        return 0
+
+    cdef int _compact_timers(self) except -1:
+        cdef list heap
+        if self._n_dead > self._n_timers + _SLACK:
+            heap = [e for e in self._heap if (<list>e)[2] is not _DEAD]
+            heapify(heap)
+            self._heap = heap
+            self._n_dead = 0
+        return 0
+
+    cdef int _push_step(self, object execution_id, dict step) except -1:
+        cdef _Ring ring = self._trace.get(execution_id)
+        cdef long long index
+        if ring is None:
+            ring = _Ring(self._maxlen)
+            self._trace[execution_id] = ring
+        elif ring.maxlen != self._maxlen:
+            self._n_steps += ring.resize(self._maxlen)
+        index = ring.next_index
+        ring.next_index = index + 1
+        if "index" not in step:
+            step["index"] = index
+        if ring.push(step):
+            self._n_steps += 1
+        return 0
+
+
+cdef int _collect_due(list heap, Py_ssize_t i, Py_ssize_t size, double now, list due) except -1:
+    # Depth-first over the heap's subtrees whose root is due: visits only due entries
+    # and their immediate children.
+    cdef list entry
+    while i < size:
+        entry = <list>PyList_GET_ITEM(heap, i)
+        if not PyFloat_AS_DOUBLE(entry[0]) <= now:
+            return 0
+        if entry[2] is not _DEAD:
+            due.append(entry)
+        _collect_due(heap, 2 * i + 1, size, now, due)
+        i = 2 * i + 2
+    return 0

@@ -79,6 +79,8 @@ def _extensions() -> list[Extension]:
     directives = {
         "language_level": 3,
         "embedsignature": True,
+        "embedsignature.format": "clinic",
+        "binding": False,
         "boundscheck": False,
         "wraparound": False,
         "initializedcheck": False,

@@ -485,7 +485,7 @@ cdef class DictStore:
         self._compact_timers()
 
     def append_trace(self, execution_id, entry):
-        self._record_trace(execution_id, entry)
+        self._record(execution_id, entry)
 
     def read_trace(self, execution_id):
         cdef _Ring ring = self._trace.get(execution_id)
@@ -524,10 +524,13 @@ cdef class DictStore:
         pass
 
     def _record_trace(self, execution_id, entry):
-        cdef dict step = _trace_step(entry, "trace entry")
+        self._record(execution_id, entry)
+
+    cdef int _record(self, object execution_id, object entry) except -1:
+        cdef dict step = (<dict>entry).copy() if type(entry) is dict else _trace_step(entry, "trace entry")
         if type(execution_id) is not str:
             _hashable(execution_id, "execution_id")
-        self._push_step(execution_id, step)
+        return self._push_step(execution_id, step)
 
     cdef int _apply_timers(self, object eid, tuple ops) except -1:
         cdef dict timers = self._timers

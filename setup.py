@@ -54,6 +54,15 @@ class OptionalBuildExt(build_ext):
             super().run()
         except Exception as exc:  # noqa: BLE001 - any build failure means "no compiler"
             _fallback(f"{type(exc).__name__}: {exc}")
+            return
+        if not self.inplace and self.extensions:
+            # `pip install . && python -m harel_store` run from the checkout imports the
+            # checkout's harel_store/, so it gets the compiled module too, not a silent
+            # pure fallback.
+            try:
+                self.copy_extensions_to_source()
+            except OSError as exc:
+                print(f"note: compiled store not copied into the source tree: {exc}", file=sys.stderr)
 
     def build_extension(self, ext: Extension) -> None:
         try:

@@ -9,13 +9,13 @@ from ._store import IMPLEMENTATION, DictStore
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_TRACE_MAX",
+    "IMPLEMENTATION",
     "AsyncDictStore",
     "AsyncExecutionStore",
-    "DEFAULT_TRACE_MAX",
     "DictStore",
     "Execution",
     "ExecutionStore",
-    "IMPLEMENTATION",
     "OutboxEntry",
     "SpawnEntry",
     "StoreConflict",

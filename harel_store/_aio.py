@@ -7,7 +7,8 @@ lock is needed. The logic lives once, in the sync store.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Hashable, Iterable, Mapping, Optional
+from collections.abc import Hashable, Iterable, Mapping
+from typing import Any, ClassVar
 
 from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
 from ._store import DictStore
@@ -20,16 +21,16 @@ class AsyncDictStore:
 
     _sync_type: ClassVar[type[Any]] = DictStore
 
-    def __init__(self, *, trace_max: Optional[int] = DEFAULT_TRACE_MAX) -> None:
+    def __init__(self, *, trace_max: int | None = DEFAULT_TRACE_MAX) -> None:
         self._store = self._sync_type(trace_max=trace_max)
 
     @property
-    def trace_max(self) -> Optional[int]:
+    def trace_max(self) -> int | None:
         """Steps kept per execution; ``0``/``None`` keeps all."""
         return self._store.trace_max  # type: ignore[no-any-return]
 
     @trace_max.setter
-    def trace_max(self, value: Optional[int]) -> None:
+    def trace_max(self, value: int | None) -> None:
         self._store.trace_max = value
 
     async def load(self, execution_id: Hashable) -> Any:
@@ -41,11 +42,11 @@ class AsyncDictStore:
     async def commit(
         self,
         exe: Any,
-        emits: Iterable[tuple[Optional[Hashable], Any]],
-        processed_event_id: Optional[Hashable] = None,
+        emits: Iterable[tuple[Hashable | None, Any]],
+        processed_event_id: Hashable | None = None,
         timers: Iterable[TimerOp] = (),
         spawns: Iterable[tuple[Hashable, Any, Mapping[Any, Any]]] = (),
-        trace: Optional[Mapping[str, Any]] = None,
+        trace: Mapping[str, Any] | None = None,
     ) -> None:
         self._store.commit(exe, emits, processed_event_id, timers, spawns, trace)
 

@@ -11,7 +11,7 @@ on; unset, empty and ``0`` leave it off.
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 NO_EXTENSIONS = "HAREL_STORE_NO_EXTENSIONS"
 REQUIRE_EXTENSIONS = "HAREL_STORE_REQUIRE_EXTENSIONS"

@@ -3,7 +3,8 @@ whichever implementation is active."""
 
 from __future__ import annotations
 
-from typing import Any, Hashable
+from collections.abc import Hashable
+from typing import Any
 
 
 class StoreConflict(Exception):

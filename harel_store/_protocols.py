@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Iterable, Mapping, Optional, Protocol, runtime_checkable
+from collections.abc import Hashable, Iterable, Mapping
+from typing import Any, Protocol, runtime_checkable
 
 from ._records import OutboxEntry, SpawnEntry, TimerOp
 
-Emit = tuple[Optional[Hashable], Any]
+Emit = tuple[Hashable | None, Any]
 Spawn = tuple[Hashable, Any, Mapping[Any, Any]]
 DueTimer = tuple[Hashable, Hashable, float]
 
@@ -22,10 +23,10 @@ class ExecutionStore(Protocol):
         self,
         exe: Any,
         emits: Iterable[Emit],
-        processed_event_id: Optional[Hashable] = None,
+        processed_event_id: Hashable | None = None,
         timers: Iterable[TimerOp] = (),
         spawns: Iterable[Spawn] = (),
-        trace: Optional[Mapping[str, Any]] = None,
+        trace: Mapping[str, Any] | None = None,
     ) -> None: ...
     def is_processed(self, execution_id: Hashable, event_id: Hashable) -> bool: ...
     def pending_outbox(self) -> list[OutboxEntry]: ...
@@ -49,10 +50,10 @@ class AsyncExecutionStore(Protocol):
         self,
         exe: Any,
         emits: Iterable[Emit],
-        processed_event_id: Optional[Hashable] = None,
+        processed_event_id: Hashable | None = None,
         timers: Iterable[TimerOp] = (),
         spawns: Iterable[Spawn] = (),
-        trace: Optional[Mapping[str, Any]] = None,
+        trace: Mapping[str, Any] | None = None,
     ) -> None: ...
     async def is_processed(self, execution_id: Hashable, event_id: Hashable) -> bool: ...
     async def pending_outbox(self) -> list[OutboxEntry]: ...

@@ -3,8 +3,9 @@ equality behave the same whichever implementation is active."""
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Literal, NamedTuple, Optional
+from typing import Any, Literal, NamedTuple
 
 DEFAULT_TRACE_MAX = 200
 
@@ -24,8 +25,8 @@ class Execution:
     history: dict[str, Any] = field(default_factory=dict)
     context: dict[str, Any] = field(default_factory=dict)
     version: int = 0
-    parent_id: Optional[Hashable] = None
-    child_id: Optional[Hashable] = None
+    parent_id: Hashable | None = None
+    child_id: Hashable | None = None
     children: dict[Hashable, Any] = field(default_factory=dict)
 
 
@@ -33,7 +34,7 @@ class OutboxEntry(NamedTuple):
     """An event emitted by a commit, owed to a relay until acked by ``seq``."""
 
     seq: int
-    target_id: Optional[Hashable]
+    target_id: Hashable | None
     event: Any
 
 
@@ -53,4 +54,4 @@ class TimerOp(NamedTuple):
 
     action: Literal["schedule", "cancel"]
     path: Hashable
-    fire_at: Optional[float] = None
+    fire_at: float | None = None

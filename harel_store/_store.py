@@ -29,4 +29,4 @@ else:
 
         IMPLEMENTATION = "pure"
 
-__all__ = ["DictStore", "IMPLEMENTATION"]
+__all__ = ["IMPLEMENTATION", "DictStore"]

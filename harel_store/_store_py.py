@@ -22,10 +22,10 @@ Every mutating method checks all of its input, and runs all the caller's code (`
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from heapq import heapify, heappop, heappush
 from sys import maxsize as _MAX_SIZE
-from typing import Any, Hashable, Iterable, Optional
+from typing import Any
 
 from ._errors import StoreConflict
 from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
@@ -59,13 +59,13 @@ def _as_time(value: Any, what: str) -> float:
         return float("inf") if value > 0 else float("-inf")
 
 
-def _as_trace_max(value: Any) -> Optional[int]:
+def _as_trace_max(value: Any) -> int | None:
     if value is None:
         return None
-    value = _as_int(value, "trace_max")
-    if not 0 <= value <= _MAX_SIZE:
-        raise ValueError(f"trace_max must be None or between 0 and {_MAX_SIZE}, got {value}")
-    return value
+    size = _as_int(value, "trace_max")
+    if not 0 <= size <= _MAX_SIZE:
+        raise ValueError(f"trace_max must be None or between 0 and {_MAX_SIZE}, got {size}")
+    return size
 
 
 def _snapshot(iterable: Any, what: str) -> tuple[Any, ...]:
@@ -120,23 +120,24 @@ def _timer_op(op: Any, i: int) -> TimerOp:
             fire_at = _as_time(fire_at, f"timers[{i}].fire_at")
         if fire_at - fire_at != 0.0:
             raise ValueError(f"timers[{i}].fire_at must be finite, got {fire_at!r}")
-        return _new(TimerOp, ("schedule", path, fire_at))  # type: ignore[no-any-return]
+        return _new(TimerOp, ("schedule", path, fire_at))
     if action == "cancel":
-        return _new(TimerOp, ("cancel", path, None))  # type: ignore[no-any-return]
+        return _new(TimerOp, ("cancel", path, None))
     raise ValueError(f"timers[{i}].action must be 'schedule' or 'cancel', got {action!r}")
 
 
 def _spawn_items(spawns: Any) -> list[tuple[Any, Any, dict[Any, Any]]]:
-    items = []
+    items: list[tuple[Any, Any, dict[Any, Any]]] = []
     if type(spawns) is not list and type(spawns) is not tuple:
         spawns = _snapshot(spawns, "spawns")
     for item in spawns:
-        if type(item) is not tuple or len(item) != 3:
-            if not isinstance(item, (tuple, list)) or len(item) != 3:
-                raise TypeError(
-                    f"spawns[{len(items)}] must be a (child_id, root_path, context) triple, "
-                    f"got {type(item).__name__}"
-                )
+        if (type(item) is not tuple or len(item) != 3) and (
+            not isinstance(item, (tuple, list)) or len(item) != 3
+        ):
+            raise TypeError(
+                f"spawns[{len(items)}] must be a (child_id, root_path, context) triple, "
+                f"got {type(item).__name__}"
+            )
         child_id, root_path, context = item
         if type(child_id) is not str:
             _hashable(child_id, "spawns[%d] child_id", len(items))
@@ -201,9 +202,9 @@ class _Fifo:
 class _Ring:
     """One execution's recent trace steps, and the index its next step gets."""
 
-    __slots__ = ("steps", "next_index")
+    __slots__ = ("next_index", "steps")
 
-    def __init__(self, maxlen: Optional[int]) -> None:
+    def __init__(self, maxlen: int | None) -> None:
         self.steps: deque[dict[Any, Any]] = deque(maxlen=maxlen)
         self.next_index = 0
 
@@ -216,24 +217,24 @@ class DictStore:
 
     __slots__ = (
         "_by_id",
+        "_heap",
+        "_maxlen",
+        "_n_dead",
+        "_n_marks",
+        "_n_steps",
+        "_n_timers",
         "_outbox",
         "_processed",
-        "_timers",
-        "_heap",
-        "_spawns",
-        "_trace",
-        "_trace_max",
-        "_maxlen",
         "_seq",
         "_spawn_seq",
+        "_spawns",
         "_timer_seq",
-        "_n_marks",
-        "_n_timers",
-        "_n_dead",
-        "_n_steps",
+        "_timers",
+        "_trace",
+        "_trace_max",
     )
 
-    def __init__(self, *, trace_max: Optional[int] = DEFAULT_TRACE_MAX) -> None:
+    def __init__(self, *, trace_max: int | None = DEFAULT_TRACE_MAX) -> None:
         self.trace_max = trace_max
         self._by_id: dict[Hashable, Any] = {}
         self._outbox = _Fifo()
@@ -251,13 +252,13 @@ class DictStore:
         self._n_steps = 0
 
     @property
-    def trace_max(self) -> Optional[int]:
+    def trace_max(self) -> int | None:
         """Steps kept per execution; ``0``/``None`` keeps all. A change applies to an
         execution's ring at its next append."""
         return self._trace_max
 
     @trace_max.setter
-    def trace_max(self, value: Optional[int]) -> None:
+    def trace_max(self, value: int | None) -> None:
         self._trace_max = _as_trace_max(value)
         self._maxlen = self._trace_max or None
 
@@ -276,11 +277,11 @@ class DictStore:
     def commit(
         self,
         exe: Any,
-        emits: Iterable[tuple[Optional[Hashable], Any]],
-        processed_event_id: Optional[Hashable] = None,
+        emits: Iterable[tuple[Hashable | None, Any]],
+        processed_event_id: Hashable | None = None,
         timers: Iterable[TimerOp] = (),
         spawns: Iterable[tuple[Hashable, Any, Mapping[Any, Any]]] = (),
-        trace: Optional[Mapping[str, Any]] = None,
+        trace: Mapping[str, Any] | None = None,
     ) -> None:
         """The event-boundary write: save ``exe`` (CAS), then enqueue ``emits``, mark
         ``processed_event_id``, apply ``timers``, enqueue ``spawns``, record ``trace``.
@@ -488,7 +489,8 @@ class DictStore:
         if paths is None:
             return
         entry = paths.get(path)
-        if entry is None or not entry[0] == fire_at or entry[2] is _DEAD:
+        # `not ==`, as the specification compares, for fire_at objects with their own __eq__
+        if entry is None or not entry[0] == fire_at or entry[2] is _DEAD:  # noqa: SIM201
             return
         del paths[path]
         if not paths:

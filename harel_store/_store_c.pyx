@@ -113,7 +113,7 @@ cdef tuple _emit_pairs(tuple pairs):
     return tuple([_emit_pair(item, i) for i, item in enumerate(pairs)])
 
 
-cdef tuple _emit_pair(object item, Py_ssize_t i):
+cdef object _emit_pair(object item, Py_ssize_t i):
     if type(item) is not tuple or len(<tuple>item) != 2:
         if not isinstance(item, (tuple, list)) or len(item) != 2:
             raise TypeError(f"emits[{i}] must be a (target_id, event) pair, got {type(item).__name__}")
@@ -121,14 +121,14 @@ cdef tuple _emit_pair(object item, Py_ssize_t i):
     target = (<tuple>item)[0]
     if target is not None and type(target) is not str:
         _hashable(target, "emits[%d] target_id", i)
-    return <tuple>item
+    return item
 
 
 cdef tuple _timer_ops(tuple ops):
     return tuple([_timer_op(op, i) for i, op in enumerate(ops)])
 
 
-cdef tuple _timer_op(object op, Py_ssize_t i):
+cdef object _timer_op(object op, Py_ssize_t i):
     cdef double at
     if type(op) is _TimerOp:
         action, path, fire_at = <tuple>op
@@ -286,6 +286,7 @@ cdef class DictStore:
     cdef dict _processed
     cdef dict _timers
     cdef list _heap
+    cdef list _armed
     cdef _Fifo _spawns
     cdef dict _trace
     cdef object _trace_max
@@ -305,6 +306,7 @@ cdef class DictStore:
         self._processed = {}
         self._timers = {}
         self._heap = []
+        self._armed = []
         self._spawns = _Fifo()
         self._trace = {}
         self._seq = 0
@@ -356,6 +358,7 @@ cdef class DictStore:
                 break
         if processed_event_id is not None and type(processed_event_id) is not str:
             _hashable(processed_event_id, "processed_event_id")
+        cdef bint str_paths = True
         if timers is _EMPTY:
             ops = _EMPTY
         else:
@@ -363,6 +366,7 @@ cdef class DictStore:
             for item in ops:
                 if type(item) is not _TimerOp or type((<tuple>item)[1]) is not str:
                     ops = _timer_ops(ops)
+                    str_paths = False
                     break
                 action = (<tuple>item)[0]
                 if action == "schedule":
@@ -371,9 +375,11 @@ cdef class DictStore:
                         PyFloat_AS_DOUBLE(fire_at) - PyFloat_AS_DOUBLE(fire_at) != 0.0
                     ):
                         ops = _timer_ops(ops)
+                        str_paths = False
                         break
                 elif action != "cancel":
                     ops = _timer_ops(ops)
+                    str_paths = False
                     break
         if spawns is not _EMPTY:
             children = _spawn_items(spawns)
@@ -400,6 +406,10 @@ cdef class DictStore:
             found = prev.version
             if found != version:
                 raise StoreConflict(eid, version, found)
+        if not str_paths or type(eid) is not str or (
+            processed_event_id is not None and type(processed_event_id) is not str
+        ):
+            self._probe(eid, processed_event_id, ops)
         try:
             exe.version = version + 1
         except AttributeError:
@@ -456,6 +466,8 @@ cdef class DictStore:
 
     def due_timers(self, now):
         cdef double at = PyFloat_AS_DOUBLE(now) if type(now) is float else _as_time(now, "now")
+        if self._armed:
+            self._heap_armed()
         cdef list heap = self._heap
         cdef list due = []
         cdef list entry
@@ -482,7 +494,8 @@ cdef class DictStore:
         entry[2] = _DEAD
         self._n_timers -= 1
         self._n_dead += 1
-        self._compact_timers()
+        if self._n_dead > self._n_timers + _SLACK:
+            self._compact_timers()
 
     def append_trace(self, execution_id, entry):
         self._record(execution_id, entry)
@@ -504,7 +517,8 @@ cdef class DictStore:
                 entry[2] = _DEAD
             self._n_timers -= len(paths)
             self._n_dead += len(paths)
-            self._compact_timers()
+            if self._n_dead > self._n_timers + _SLACK:
+                self._compact_timers()
         ring = self._trace.pop(execution_id, None)
         if ring is not None:
             self._n_steps -= len(ring.steps)
@@ -532,12 +546,23 @@ cdef class DictStore:
             _hashable(execution_id, "execution_id")
         return self._push_step(execution_id, step)
 
+    cdef int _probe(self, object eid, object processed_event_id, tuple ops) except -1:
+        cdef object op
+        eid in self._trace
+        marks = self._processed.get(eid)
+        if marks is not None and processed_event_id is not None:
+            processed_event_id in marks
+        paths = self._timers.get(eid)
+        if paths:
+            for op in ops:
+                (<tuple>op)[1] in paths
+        return 0
+
     cdef int _apply_timers(self, object eid, tuple ops) except -1:
         cdef dict timers = self._timers
-        cdef list heap = self._heap
         cdef dict paths = timers.get(eid)
         cdef list entry, old
-        cdef object op
+        cdef object op, n
         for op in ops:
             path = (<tuple>op)[1]
             fire_at = (<tuple>op)[2]
@@ -551,30 +576,49 @@ cdef class DictStore:
             if paths is None:
                 paths = {}
                 timers[eid] = paths
+            self._timer_seq += 1
+            n = self._timer_seq
             old = paths.get(path)
+            if old is not None and old[4] is False:
+                old[0] = fire_at
+                old[1] = n
+                continue
             if old is None:
                 self._n_timers += 1
-            elif PyFloat_AS_DOUBLE(old[0]) == PyFloat_AS_DOUBLE(fire_at):
-                continue
             else:
                 old[2] = _DEAD
                 self._n_dead += 1
-            self._timer_seq += 1
-            entry = [fire_at, self._timer_seq, eid, path]
+            entry = [fire_at, n, eid, path, False]
             paths[path] = entry
-            heappush(heap, entry)
+            self._armed.append(entry)
         if paths is not None and not paths:
             del timers[eid]
-        self._compact_timers()
+        if self._n_dead > self._n_timers + _SLACK:
+            self._compact_timers()
+        return 0
+
+    cdef int _heap_armed(self) except -1:
+        cdef list heap = self._heap
+        cdef list armed = [e for e in self._armed if (<list>e)[2] is not _DEAD]
+        cdef list entry
+        self._n_dead -= len(self._armed) - len(armed)
+        self._armed = []
+        for entry in armed:
+            entry[4] = True
+        if len(armed) > len(heap):
+            heap.extend(armed)
+            heapify(heap)
+        else:
+            for entry in armed:
+                heappush(heap, entry)
         return 0
 
     cdef int _compact_timers(self) except -1:
-        cdef list heap
-        if self._n_dead > self._n_timers + _SLACK:
-            heap = [e for e in self._heap if (<list>e)[2] is not _DEAD]
-            heapify(heap)
-            self._heap = heap
-            self._n_dead = 0
+        cdef list heap = [e for e in self._heap if (<list>e)[2] is not _DEAD]
+        heapify(heap)
+        self._heap = heap
+        self._armed = [e for e in self._armed if (<list>e)[2] is not _DEAD]
+        self._n_dead = 0
         return 0
 
     cdef int _push_step(self, object execution_id, dict step) except -1:

@@ -8,10 +8,13 @@ Layout, against the specification's:
   yet acked, so acks in any order are O(1) amortized.
 - ``_processed``: id -> set of handled event ids, so :meth:`DictStore.forget` can drop an
   execution's marks without scanning the others.
-- ``_timers``: id -> {path: heap entry}; ``_heap`` orders the entries by
-  ``(fire_at, arm order)``. Re-arming or cancelling marks the old entry dead instead of
-  searching the heap for it; dead entries are dropped when they reach the top and the
-  heap is rebuilt once they outnumber live ones.
+- ``_timers``: id -> {path: entry}, an entry being ``[fire_at, arm order, id, path,
+  in heap]``. ``_heap`` orders entries by ``(fire_at, arm order)``; entries armed since
+  the last sweep wait in ``_armed`` and join the heap when ``due_timers`` runs, so a
+  timer re-armed between sweeps (the common case: every state entry re-arms) is updated
+  in place. Re-arming or cancelling a timer already in the heap marks its entry dead
+  instead of searching the heap for it; dead entries are dropped when they reach the top
+  and everything is rebuilt once they outnumber live ones.
 - ``_trace``: id -> :class:`_Ring`, a deque bounded by ``trace_max`` plus the id's next
   monotonic step index.
 
@@ -218,6 +221,7 @@ class DictStore:
     __slots__ = (
         "_by_id",
         "_heap",
+        "_armed",
         "_maxlen",
         "_n_dead",
         "_n_marks",
@@ -241,6 +245,7 @@ class DictStore:
         self._processed: dict[Hashable, set[Hashable]] = {}
         self._timers: dict[Hashable, dict[Hashable, list[Any]]] = {}
         self._heap: list[list[Any]] = []
+        self._armed: list[list[Any]] = []
         self._spawns = _Fifo()
         self._trace: dict[Hashable, _Ring] = {}
         self._seq = 0
@@ -307,6 +312,7 @@ class DictStore:
                 break
         if processed_event_id is not None and type(processed_event_id) is not str:
             _hashable(processed_event_id, "processed_event_id")
+        str_paths = True
         if timers is _EMPTY:
             ops = _EMPTY
         else:
@@ -314,15 +320,18 @@ class DictStore:
             for op in ops:
                 if type(op) is not TimerOp or type(op[1]) is not str:
                     ops = _timer_ops(ops)
+                    str_paths = False
                     break
                 action = op[0]
                 if action == "schedule":
                     fire_at = op[2]
                     if type(fire_at) is not float or fire_at - fire_at != 0.0:
                         ops = _timer_ops(ops)
+                        str_paths = False
                         break
                 elif action != "cancel":
                     ops = _timer_ops(ops)
+                    str_paths = False
                     break
         children = _spawn_items(spawns) if spawns is not _EMPTY else _EMPTY
         if trace is None:
@@ -354,6 +363,10 @@ class DictStore:
             found = prev.version
             if found != version:
                 raise StoreConflict(eid, version, found)
+        if not str_paths or type(eid) is not str or (
+            processed_event_id is not None and type(processed_event_id) is not str
+        ):
+            self._probe(eid, processed_event_id, ops)
         try:
             exe.version = version + 1
         except AttributeError:
@@ -380,7 +393,6 @@ class DictStore:
                 self._n_marks += 1
         if ops:
             timers_ = self._timers
-            heap = self._heap
             paths = timers_.get(eid)
             for action, path, fire_at in ops:
                 if action == "cancel":
@@ -392,18 +404,20 @@ class DictStore:
                     continue
                 if paths is None:
                     timers_[eid] = paths = {}
+                self._timer_seq = n = self._timer_seq + 1
                 old = paths.get(path)
+                if old is not None and not old[4]:
+                    old[0] = fire_at  # not in the heap yet: re-arm in place
+                    old[1] = n
+                    continue
                 if old is None:
                     self._n_timers += 1
-                elif old[0] == fire_at:
-                    continue  # re-armed at the same time: the entry stands
                 else:
                     old[2] = _DEAD
                     self._n_dead += 1
-                self._timer_seq = n = self._timer_seq + 1
-                entry = [fire_at, n, eid, path]
+                entry = [fire_at, n, eid, path, False]
                 paths[path] = entry
-                heappush(heap, entry)
+                self._armed.append(entry)
             if paths is not None and not paths:
                 del timers_[eid]
             if self._n_dead > self._n_timers + _SLACK:
@@ -459,6 +473,8 @@ class DictStore:
         :meth:`delete_timer`. Costs in proportion to the due timers."""
         if type(now) is not float:
             now = _as_time(now, "now")
+        if self._armed:
+            self._heap_armed()
         heap = self._heap
         while heap and heap[0][2] is _DEAD:
             heappop(heap)
@@ -551,10 +567,38 @@ class DictStore:
             _hashable(execution_id, "execution_id")
         self._push_step(execution_id, step)
 
+    def _probe(self, eid: Hashable, processed_event_id: Hashable | None, ops: tuple[TimerOp, ...]) -> None:
+        """Run the key lookups a commit is about to make, before it writes: where a
+        caller's key collides with a stored one its ``__eq__`` runs, and may raise."""
+        _ = eid in self._trace
+        marks = self._processed.get(eid)
+        if marks is not None and processed_event_id is not None:
+            _ = processed_event_id in marks
+        paths = self._timers.get(eid)
+        if paths:
+            for op in ops:
+                _ = op[1] in paths
+
+    def _heap_armed(self) -> None:
+        """Move the timers armed since the last sweep into the heap."""
+        heap = self._heap
+        armed = [e for e in self._armed if e[2] is not _DEAD]
+        self._n_dead -= len(self._armed) - len(armed)
+        self._armed = []
+        for entry in armed:
+            entry[4] = True
+        if len(armed) > len(heap):
+            heap.extend(armed)
+            heapify(heap)
+        else:
+            for entry in armed:
+                heappush(heap, entry)
+
     def _compact_timers(self) -> None:
         heap = [e for e in self._heap if e[2] is not _DEAD]
         heapify(heap)
         self._heap = heap
+        self._armed = [e for e in self._armed if e[2] is not _DEAD]
         self._n_dead = 0
 
     def _push_step(self, execution_id: Hashable, step: dict[Any, Any]) -> None:

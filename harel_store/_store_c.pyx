@@ -11,13 +11,16 @@ from cpython.float cimport PyFloat_AS_DOUBLE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.ref cimport Py_INCREF
 from cpython.set cimport PySet_Add, PySet_Contains, PySet_Discard
-from cpython.tuple cimport PyTuple_SET_ITEM
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_SET_ITEM
 
 from ._errors import StoreConflict
 from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
 
 cdef extern from "Python.h":
     object PyType_GenericAlloc(type cls, Py_ssize_t nitems)
+    bint PyObject_IS_GC(object obj)
+    int PyObject_GC_IsTracked(object obj)
+    void PyObject_GC_UnTrack(object obj)
 
 cdef extern from *:
     """
@@ -49,6 +52,20 @@ cdef inline object _new3(type cls, object a, object b, object c):
     return record
 
 
+cdef inline object _untracked(object record, Py_ssize_t size):
+    # What the collector does to an exact tuple whose items cannot form a cycle, done
+    # here because it never does it for tuple subclasses: entries that wait in a FIFO
+    # would otherwise be traversed by every collection for as long as they wait.
+    cdef Py_ssize_t i
+    cdef object item
+    for i in range(size):
+        item = <object>PyTuple_GET_ITEM(record, i)
+        if PyObject_IS_GC(item) and PyObject_GC_IsTracked(item):
+            return record
+    PyObject_GC_UnTrack(record)
+    return record
+
+
 cdef inline object _new5(type cls, object a, object b, object c, object d, object e):
     cdef object record = PyType_GenericAlloc(cls, 5)
     Py_INCREF(a)
@@ -62,6 +79,13 @@ cdef inline object _new5(type cls, object a, object b, object c, object d, objec
     Py_INCREF(e)
     PyTuple_SET_ITEM(record, 4, e)
     return record
+
+
+cdef object _reentered(str name):
+    return RuntimeError(
+        f"DictStore.{name}() was called while another call of the same store was running "
+        "(from a caller's __hash__, __eq__, iterator or property): one writer at a time"
+    )
 
 
 cdef int _hashable(object value, str what, Py_ssize_t index=-1) except -1:
@@ -298,6 +322,7 @@ cdef class DictStore:
     cdef Py_ssize_t _n_timers
     cdef Py_ssize_t _n_dead
     cdef Py_ssize_t _n_steps
+    cdef bint _busy
 
     def __init__(self, *, trace_max=DEFAULT_TRACE_MAX):
         self.trace_max = trace_max
@@ -323,9 +348,15 @@ cdef class DictStore:
 
     @trace_max.setter
     def trace_max(self, value):
-        value = _as_trace_max(value)
-        self._trace_max = value
-        self._maxlen = value or 0
+        if self._busy:
+            raise _reentered("trace_max")
+        self._busy = True
+        try:
+            value = _as_trace_max(value)
+            self._trace_max = value
+            self._maxlen = value or 0
+        finally:
+            self._busy = False
 
     def load(self, execution_id):
         return self._by_id.get(execution_id)
@@ -338,115 +369,131 @@ cdef class DictStore:
         cdef object item
         cdef list children = None
         cdef dict step = None
+        cdef bint stamp = False
+        cdef bint str_paths
         cdef object eid, prev, version, found, target, action, fire_at, seq, marks
         cdef long long n
         cdef _Fifo fifo
+        if self._busy:
+            raise _reentered("commit")
+        self._busy = True
+        try:
 
-        if type(emits) is list:
-            pairs = tuple(<list>emits)
-        elif type(emits) is tuple:
-            pairs = <tuple>emits
-        else:
-            pairs = _snapshot(emits, "emits")
-        for item in pairs:
-            if type(item) is not tuple or len(<tuple>item) != 2:
-                pairs = _emit_pairs(pairs)
-                break
-            target = (<tuple>item)[0]
-            if target is not None and type(target) is not str:
-                pairs = _emit_pairs(pairs)
-                break
-        if processed_event_id is not None and type(processed_event_id) is not str:
-            _hashable(processed_event_id, "processed_event_id")
-        cdef bint str_paths = True
-        if timers is _EMPTY:
-            ops = _EMPTY
-        else:
-            ops = _snapshot(timers, "timers")
-            for item in ops:
-                if type(item) is not _TimerOp or type((<tuple>item)[1]) is not str:
-                    ops = _timer_ops(ops)
-                    str_paths = False
+            if type(emits) is list:
+                pairs = tuple(<list>emits)
+            elif type(emits) is tuple:
+                pairs = <tuple>emits
+            else:
+                pairs = _snapshot(emits, "emits")
+            for item in pairs:
+                if type(item) is not tuple or len(<tuple>item) != 2:
+                    pairs = _emit_pairs(pairs)
                     break
-                action = (<tuple>item)[0]
-                if action == "schedule":
-                    fire_at = (<tuple>item)[2]
-                    if type(fire_at) is not float or (
-                        PyFloat_AS_DOUBLE(fire_at) - PyFloat_AS_DOUBLE(fire_at) != 0.0
-                    ):
+                target = (<tuple>item)[0]
+                if target is not None and type(target) is not str:
+                    pairs = _emit_pairs(pairs)
+                    break
+            if processed_event_id is not None and type(processed_event_id) is not str:
+                _hashable(processed_event_id, "processed_event_id")
+            str_paths = True
+            if timers is _EMPTY:
+                ops = _EMPTY
+            else:
+                ops = _snapshot(timers, "timers")
+                for item in ops:
+                    if (
+                    type(item) is not _TimerOp
+                    or type((<tuple>item)[0]) is not str
+                    or type((<tuple>item)[1]) is not str
+                ):
                         ops = _timer_ops(ops)
                         str_paths = False
                         break
-                elif action != "cancel":
-                    ops = _timer_ops(ops)
-                    str_paths = False
-                    break
-        if spawns is not _EMPTY:
-            children = _spawn_items(spawns)
-        if trace is not None:
-            step = (<dict>trace).copy() if type(trace) is dict else _trace_step(trace, "trace")
+                    action = (<tuple>item)[0]
+                    if action == "schedule":
+                        fire_at = (<tuple>item)[2]
+                        if type(fire_at) is not float or (
+                            PyFloat_AS_DOUBLE(fire_at) - PyFloat_AS_DOUBLE(fire_at) != 0.0
+                        ):
+                            ops = _timer_ops(ops)
+                            str_paths = False
+                            break
+                    elif action != "cancel":
+                        ops = _timer_ops(ops)
+                        str_paths = False
+                        break
+            if spawns is not _EMPTY:
+                children = _spawn_items(spawns)
+            if trace is not None:
+                step = (<dict>trace).copy() if type(trace) is dict else _trace_step(trace, "trace")
+                stamp = "index" not in step
 
-        try:
-            eid = exe.id
-        except AttributeError:
-            raise TypeError(f"an execution needs an `id` attribute, got {type(exe).__name__}") from None
-        try:
-            prev = self._by_id.get(eid)
-        except TypeError:
-            raise TypeError(f"execution id must be hashable, got {type(eid).__name__}") from None
-        try:
-            version = exe.version
-        except AttributeError:
-            raise TypeError(
-                f"an execution needs a `version` attribute, got {type(exe).__name__}"
-            ) from None
-        if type(version) is not int:
-            version = _as_int(version, "execution version")
-        if prev is not None and prev is not exe:
-            found = prev.version
-            if found != version:
-                raise StoreConflict(eid, version, found)
-        if not str_paths or type(eid) is not str or (
-            processed_event_id is not None and type(processed_event_id) is not str
-        ):
-            self._probe(eid, processed_event_id, ops)
-        try:
-            exe.version = version + 1
-        except AttributeError:
-            raise TypeError(f"the version of {type(exe).__name__} is not writable") from None
-        self._by_id[eid] = exe
+            try:
+                eid = exe.id
+            except AttributeError:
+                raise TypeError(f"an execution needs an `id` attribute, got {type(exe).__name__}") from None
+            try:
+                prev = self._by_id.get(eid)
+            except TypeError:
+                raise TypeError(f"execution id must be hashable, got {type(eid).__name__}") from None
+            try:
+                version = exe.version
+            except AttributeError:
+                raise TypeError(
+                    f"an execution needs a `version` attribute, got {type(exe).__name__}"
+                ) from None
+            if type(version) is not int:
+                version = _as_int(version, "execution version")
+            if prev is not None and prev is not exe:
+                found = prev.version
+                if found != version:
+                    raise StoreConflict(eid, version, found)
+            if not str_paths or type(eid) is not str or (
+                processed_event_id is not None and type(processed_event_id) is not str
+            ):
+                self._probe(eid, processed_event_id, ops)
+            try:
+                exe.version = version + 1
+            except AttributeError:
+                raise TypeError(f"the version of {type(exe).__name__} is not writable") from None
+            self._by_id[eid] = exe
 
-        if pairs:
-            fifo = self._outbox
-            n = self._seq
-            for item in pairs:
-                n += 1
-                seq = n
-                fifo.push(_new3(_OutboxEntry, seq, (<tuple>item)[0], (<tuple>item)[1]), seq)
-            self._seq = n
-        if processed_event_id is not None:
-            marks = self._processed.get(eid)
-            if marks is None:
-                self._processed[eid] = {processed_event_id}
-                self._n_marks += 1
-            elif not PySet_Contains(marks, processed_event_id):
-                PySet_Add(marks, processed_event_id)
-                self._n_marks += 1
-        if ops:
-            self._apply_timers(eid, ops)
-        if children:
-            fifo = self._spawns
-            n = self._spawn_seq
-            for item in children:
-                n += 1
-                seq = n
-                fifo.push(
-                    _new5(_SpawnEntry, seq, eid, (<tuple>item)[0], (<tuple>item)[1], (<tuple>item)[2]),
-                    seq,
-                )
-            self._spawn_seq = n
-        if step is not None:
-            self._push_step(eid, step)
+            if pairs:
+                fifo = self._outbox
+                n = self._seq
+                for item in pairs:
+                    n += 1
+                    seq = n
+                    fifo.push(_untracked(_new3(_OutboxEntry, seq, (<tuple>item)[0], (<tuple>item)[1]), 3), seq)
+                self._seq = n
+            if processed_event_id is not None:
+                marks = self._processed.get(eid)
+                if marks is None:
+                    self._processed[eid] = {processed_event_id}
+                    self._n_marks += 1
+                elif not PySet_Contains(marks, processed_event_id):
+                    PySet_Add(marks, processed_event_id)
+                    self._n_marks += 1
+            if ops:
+                self._apply_timers(eid, ops)
+            if children:
+                fifo = self._spawns
+                n = self._spawn_seq
+                for item in children:
+                    n += 1
+                    seq = n
+                    fifo.push(
+                        _untracked(
+                            _new5(_SpawnEntry, seq, eid, (<tuple>item)[0], (<tuple>item)[1], (<tuple>item)[2]),
+                            5,
+                        ),
+                        seq,
+                    )
+                self._spawn_seq = n
+            if step is not None:
+                self._push_step(eid, step, stamp)
+        finally:
+            self._busy = False
 
     def is_processed(self, execution_id, event_id):
         marks = self._processed.get(execution_id)
@@ -456,13 +503,25 @@ cdef class DictStore:
         return self._outbox.pending()
 
     def ack_outbox(self, seq):
-        self._outbox.ack(seq)
+        if self._busy:
+            raise _reentered("ack_outbox")
+        self._busy = True
+        try:
+            self._outbox.ack(seq)
+        finally:
+            self._busy = False
 
     def pending_spawns(self):
         return self._spawns.pending()
 
     def ack_spawn(self, seq):
-        self._spawns.ack(seq)
+        if self._busy:
+            raise _reentered("ack_spawn")
+        self._busy = True
+        try:
+            self._spawns.ack(seq)
+        finally:
+            self._busy = False
 
     def due_timers(self, now):
         cdef double at = PyFloat_AS_DOUBLE(now) if type(now) is float else _as_time(now, "now")
@@ -483,19 +542,25 @@ cdef class DictStore:
     def delete_timer(self, execution_id, path, fire_at):
         cdef dict paths = self._timers.get(execution_id)
         cdef list entry
-        if paths is None:
-            return
-        entry = paths.get(path)
-        if entry is None or not entry[0] == fire_at or entry[2] is _DEAD:
-            return
-        del paths[path]
-        if not paths:
-            del self._timers[execution_id]
-        entry[2] = _DEAD
-        self._n_timers -= 1
-        self._n_dead += 1
-        if self._n_dead > self._n_timers + _SLACK:
-            self._compact_timers()
+        if self._busy:
+            raise _reentered("delete_timer")
+        self._busy = True
+        try:
+            if paths is None:
+                return
+            entry = paths.get(path)
+            if entry is None or not entry[0] == fire_at or entry[2] is _DEAD:
+                return
+            del paths[path]
+            if not paths:
+                del self._timers[execution_id]
+            entry[2] = _DEAD
+            self._n_timers -= 1
+            self._n_dead += 1
+            if self._n_dead > self._n_timers + _SLACK:
+                self._compact_timers()
+        finally:
+            self._busy = False
 
     def append_trace(self, execution_id, entry):
         self._record(execution_id, entry)
@@ -507,21 +572,35 @@ cdef class DictStore:
     def forget(self, execution_id):
         cdef list entry
         cdef _Ring ring
-        self._by_id.pop(execution_id, None)
-        marks = self._processed.pop(execution_id, None)
-        if marks is not None:
-            self._n_marks -= len(marks)
-        paths = self._timers.pop(execution_id, None)
-        if paths is not None:
-            for entry in (<dict>paths).values():
-                entry[2] = _DEAD
-            self._n_timers -= len(paths)
-            self._n_dead += len(paths)
-            if self._n_dead > self._n_timers + _SLACK:
-                self._compact_timers()
-        ring = self._trace.pop(execution_id, None)
-        if ring is not None:
-            self._n_steps -= len(ring.steps)
+        if self._busy:
+            raise _reentered("forget")
+        self._busy = True
+        try:
+            held = [
+                execution_id in self._by_id,
+                execution_id in self._processed,
+                execution_id in self._timers,
+                execution_id in self._trace,
+            ]
+            if not any(held):
+                return
+            self._by_id.pop(execution_id, None)
+            marks = self._processed.pop(execution_id, None)
+            if marks is not None:
+                self._n_marks -= len(marks)
+            paths = self._timers.pop(execution_id, None)
+            if paths is not None:
+                for entry in (<dict>paths).values():
+                    entry[2] = _DEAD
+                self._n_timers -= len(paths)
+                self._n_dead += len(paths)
+                if self._n_dead > self._n_timers + _SLACK:
+                    self._compact_timers()
+            ring = self._trace.pop(execution_id, None)
+            if ring is not None:
+                self._n_steps -= len(ring.steps)
+        finally:
+            self._busy = False
 
     def stats(self):
         return {
@@ -542,9 +621,16 @@ cdef class DictStore:
 
     cdef int _record(self, object execution_id, object entry) except -1:
         cdef dict step = (<dict>entry).copy() if type(entry) is dict else _trace_step(entry, "trace entry")
-        if type(execution_id) is not str:
-            _hashable(execution_id, "execution_id")
-        return self._push_step(execution_id, step)
+        cdef bint stamp = "index" not in step
+        if self._busy:
+            raise _reentered("append_trace")
+        self._busy = True
+        try:
+            if type(execution_id) is not str:
+                _hashable(execution_id, "execution_id")
+            return self._push_step(execution_id, step, stamp)
+        finally:
+            self._busy = False
 
     cdef int _probe(self, object eid, object processed_event_id, tuple ops) except -1:
         cdef object op
@@ -621,7 +707,7 @@ cdef class DictStore:
         self._n_dead = 0
         return 0
 
-    cdef int _push_step(self, object execution_id, dict step) except -1:
+    cdef int _push_step(self, object execution_id, dict step, bint stamp) except -1:
         cdef _Ring ring = self._trace.get(execution_id)
         cdef long long index
         if ring is None:
@@ -631,7 +717,7 @@ cdef class DictStore:
             self._n_steps += ring.resize(self._maxlen)
         index = ring.next_index
         ring.next_index = index + 1
-        if "index" not in step:
+        if stamp:
             step["index"] = index
         if ring.push(step):
             self._n_steps += 1

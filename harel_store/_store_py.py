@@ -39,6 +39,13 @@ _SLACK = 64  # dead heap entries / acked FIFO entries tolerated before a rebuild
 _EMPTY: Any = ()
 
 
+def _reentered(name: str) -> RuntimeError:
+    return RuntimeError(
+        f"DictStore.{name}() was called while another call of the same store was running "
+        "(from a caller's __hash__, __eq__, iterator or property): one writer at a time"
+    )
+
+
 def _hashable(value: Any, what: str, index: int = -1) -> None:
     try:
         hash(value)
@@ -236,9 +243,11 @@ class DictStore:
         "_timers",
         "_trace",
         "_trace_max",
+        "_busy",
     )
 
     def __init__(self, *, trace_max: int | None = DEFAULT_TRACE_MAX) -> None:
+        self._busy = False
         self.trace_max = trace_max
         self._by_id: dict[Hashable, Any] = {}
         self._outbox = _Fifo()
@@ -264,8 +273,14 @@ class DictStore:
 
     @trace_max.setter
     def trace_max(self, value: int | None) -> None:
-        self._trace_max = _as_trace_max(value)
-        self._maxlen = self._trace_max or None
+        if self._busy:
+            raise _reentered("trace_max")
+        self._busy = True
+        try:
+            self._trace_max = _as_trace_max(value)
+            self._maxlen = self._trace_max or None
+        finally:
+            self._busy = False
 
     def load(self, execution_id: Hashable) -> Any:
         """The live object saved under ``execution_id``, or ``None``: no copy."""
@@ -296,155 +311,162 @@ class DictStore:
         """
         # Check and copy everything the caller handed over; nothing is written yet. The
         # loops below are the exact-type fast paths; anything else takes the slow path.
-        if type(emits) is list:
-            pairs = tuple(emits)
-        elif type(emits) is tuple:
-            pairs = emits
-        else:
-            pairs = _snapshot(emits, "emits")
-        for item in pairs:
-            if type(item) is not tuple or len(item) != 2:
-                pairs = _emit_pairs(pairs)
-                break
-            target = item[0]
-            if target is not None and type(target) is not str:
-                pairs = _emit_pairs(pairs)
-                break
-        if processed_event_id is not None and type(processed_event_id) is not str:
-            _hashable(processed_event_id, "processed_event_id")
-        str_paths = True
-        if timers is _EMPTY:
-            ops = _EMPTY
-        else:
-            ops = tuple(timers) if type(timers) is list else _snapshot(timers, "timers")
-            for op in ops:
-                if type(op) is not TimerOp or type(op[1]) is not str:
-                    ops = _timer_ops(ops)
-                    str_paths = False
+        if self._busy:
+            raise _reentered("commit")
+        self._busy = True
+        try:
+            if type(emits) is list:
+                pairs = tuple(emits)
+            elif type(emits) is tuple:
+                pairs = emits
+            else:
+                pairs = _snapshot(emits, "emits")
+            for item in pairs:
+                if type(item) is not tuple or len(item) != 2:
+                    pairs = _emit_pairs(pairs)
                     break
-                action = op[0]
-                if action == "schedule":
-                    fire_at = op[2]
-                    if type(fire_at) is not float or fire_at - fire_at != 0.0:
+                target = item[0]
+                if target is not None and type(target) is not str:
+                    pairs = _emit_pairs(pairs)
+                    break
+            if processed_event_id is not None and type(processed_event_id) is not str:
+                _hashable(processed_event_id, "processed_event_id")
+            str_paths = True
+            if timers is _EMPTY:
+                ops = _EMPTY
+            else:
+                ops = tuple(timers) if type(timers) is list else _snapshot(timers, "timers")
+                for op in ops:
+                    if type(op) is not TimerOp or type(op[0]) is not str or type(op[1]) is not str:
                         ops = _timer_ops(ops)
                         str_paths = False
                         break
-                elif action != "cancel":
-                    ops = _timer_ops(ops)
-                    str_paths = False
-                    break
-        children = _spawn_items(spawns) if spawns is not _EMPTY else _EMPTY
-        if trace is None:
-            step = None
-        elif type(trace) is dict:
-            step = trace.copy()
-        else:
-            step = _trace_step(trace, "trace")
+                    action = op[0]
+                    if action == "schedule":
+                        fire_at = op[2]
+                        if type(fire_at) is not float or fire_at - fire_at != 0.0:
+                            ops = _timer_ops(ops)
+                            str_paths = False
+                            break
+                    elif action != "cancel":
+                        ops = _timer_ops(ops)
+                        str_paths = False
+                        break
+            children = _spawn_items(spawns) if spawns is not _EMPTY else _EMPTY
+            if trace is None:
+                step = None
+            elif type(trace) is dict:
+                step = trace.copy()
+            else:
+                step = _trace_step(trace, "trace")
+            stamp = step is not None and "index" not in step
 
-        # CAS, read as late as possible so no caller code runs between check and write.
-        try:
-            eid = exe.id
-        except AttributeError:
-            raise TypeError(f"an execution needs an `id` attribute, got {type(exe).__name__}") from None
-        by_id = self._by_id
-        try:
-            prev = by_id.get(eid)
-        except TypeError:
-            raise TypeError(f"execution id must be hashable, got {type(eid).__name__}") from None
-        try:
-            version = exe.version
-        except AttributeError:
-            raise TypeError(
-                f"an execution needs a `version` attribute, got {type(exe).__name__}"
-            ) from None
-        if type(version) is not int:
-            version = _as_int(version, "execution version")
-        if prev is not None and prev is not exe:
-            found = prev.version
-            if found != version:
-                raise StoreConflict(eid, version, found)
-        if not str_paths or type(eid) is not str or (
-            processed_event_id is not None and type(processed_event_id) is not str
-        ):
-            self._probe(eid, processed_event_id, ops)
-        try:
-            exe.version = version + 1
-        except AttributeError:
-            raise TypeError(f"the version of {type(exe).__name__} is not writable") from None
-        by_id[eid] = exe
+            # CAS, read as late as possible so no caller code runs between check and write.
+            try:
+                eid = exe.id
+            except AttributeError:
+                raise TypeError(f"an execution needs an `id` attribute, got {type(exe).__name__}") from None
+            by_id = self._by_id
+            try:
+                prev = by_id.get(eid)
+            except TypeError:
+                raise TypeError(f"execution id must be hashable, got {type(eid).__name__}") from None
+            try:
+                version = exe.version
+            except AttributeError:
+                raise TypeError(
+                    f"an execution needs a `version` attribute, got {type(exe).__name__}"
+                ) from None
+            if type(version) is not int:
+                version = _as_int(version, "execution version")
+            if prev is not None and prev is not exe:
+                found = prev.version
+                if found != version:
+                    raise StoreConflict(eid, version, found)
+            if not str_paths or type(eid) is not str or (
+                processed_event_id is not None and type(processed_event_id) is not str
+            ):
+                self._probe(eid, processed_event_id, ops)
+            try:
+                exe.version = version + 1
+            except AttributeError:
+                raise TypeError(f"the version of {type(exe).__name__} is not writable") from None
+            by_id[eid] = exe
 
-        if pairs:
-            outbox = self._outbox
-            append = outbox.entries.append
-            add = outbox.live.add
-            seq = self._seq
-            for target_id, event in pairs:
-                seq += 1
-                append(_new(OutboxEntry, (seq, target_id, event)))
-                add(seq)
-            self._seq = seq
-        if processed_event_id is not None:
-            marks = self._processed.get(eid)
-            if marks is None:
-                self._processed[eid] = {processed_event_id}
-                self._n_marks += 1
-            elif processed_event_id not in marks:
-                marks.add(processed_event_id)
-                self._n_marks += 1
-        if ops:
-            timers_ = self._timers
-            paths = timers_.get(eid)
-            for action, path, fire_at in ops:
-                if action == "cancel":
-                    old = paths.pop(path, None) if paths else None
-                    if old is not None:
+            if pairs:
+                outbox = self._outbox
+                append = outbox.entries.append
+                add = outbox.live.add
+                seq = self._seq
+                for target_id, event in pairs:
+                    seq += 1
+                    append(_new(OutboxEntry, (seq, target_id, event)))
+                    add(seq)
+                self._seq = seq
+            if processed_event_id is not None:
+                marks = self._processed.get(eid)
+                if marks is None:
+                    self._processed[eid] = {processed_event_id}
+                    self._n_marks += 1
+                elif processed_event_id not in marks:
+                    marks.add(processed_event_id)
+                    self._n_marks += 1
+            if ops:
+                timers_ = self._timers
+                paths = timers_.get(eid)
+                for action, path, fire_at in ops:
+                    if action == "cancel":
+                        old = paths.pop(path, None) if paths else None
+                        if old is not None:
+                            old[2] = _DEAD
+                            self._n_dead += 1
+                            self._n_timers -= 1
+                        continue
+                    if paths is None:
+                        timers_[eid] = paths = {}
+                    self._timer_seq = n = self._timer_seq + 1
+                    old = paths.get(path)
+                    if old is not None and not old[4]:
+                        old[0] = fire_at  # not in the heap yet: re-arm in place
+                        old[1] = n
+                        continue
+                    if old is None:
+                        self._n_timers += 1
+                    else:
                         old[2] = _DEAD
                         self._n_dead += 1
-                        self._n_timers -= 1
-                    continue
-                if paths is None:
-                    timers_[eid] = paths = {}
-                self._timer_seq = n = self._timer_seq + 1
-                old = paths.get(path)
-                if old is not None and not old[4]:
-                    old[0] = fire_at  # not in the heap yet: re-arm in place
-                    old[1] = n
-                    continue
-                if old is None:
-                    self._n_timers += 1
-                else:
-                    old[2] = _DEAD
-                    self._n_dead += 1
-                entry = [fire_at, n, eid, path, False]
-                paths[path] = entry
-                self._armed.append(entry)
-            if paths is not None and not paths:
-                del timers_[eid]
-            if self._n_dead > self._n_timers + _SLACK:
-                self._compact_timers()
-        if children:
-            spawns_ = self._spawns
-            append = spawns_.entries.append
-            add = spawns_.live.add
-            seq = self._spawn_seq
-            for child_id, root_path, context in children:
-                seq += 1
-                append(_new(SpawnEntry, (seq, eid, child_id, root_path, context)))
-                add(seq)
-            self._spawn_seq = seq
-        if step is not None:
-            # _push_step, inlined: this is the hot path.
-            ring = self._trace.get(eid)
-            if ring is None or ring.steps.maxlen != self._maxlen:
-                ring = self._ring(eid)
-            index = ring.next_index
-            ring.next_index = index + 1
-            if "index" not in step:
-                step["index"] = index
-            steps = ring.steps
-            if len(steps) != self._maxlen:
-                self._n_steps += 1
-            steps.append(step)
+                    entry = [fire_at, n, eid, path, False]
+                    paths[path] = entry
+                    self._armed.append(entry)
+                if paths is not None and not paths:
+                    del timers_[eid]
+                if self._n_dead > self._n_timers + _SLACK:
+                    self._compact_timers()
+            if children:
+                spawns_ = self._spawns
+                append = spawns_.entries.append
+                add = spawns_.live.add
+                seq = self._spawn_seq
+                for child_id, root_path, context in children:
+                    seq += 1
+                    append(_new(SpawnEntry, (seq, eid, child_id, root_path, context)))
+                    add(seq)
+                self._spawn_seq = seq
+            if step is not None:
+                # _push_step, inlined: this is the hot path.
+                ring = self._trace.get(eid)
+                if ring is None or ring.steps.maxlen != self._maxlen:
+                    ring = self._ring(eid)
+                index = ring.next_index
+                ring.next_index = index + 1
+                if stamp:
+                    step["index"] = index
+                steps = ring.steps
+                if len(steps) != self._maxlen:
+                    self._n_steps += 1
+                steps.append(step)
+        finally:
+            self._busy = False
 
     def is_processed(self, execution_id: Hashable, event_id: Hashable) -> bool:
         """Whether a commit of ``execution_id`` recorded ``event_id`` as handled."""
@@ -457,7 +479,13 @@ class DictStore:
 
     def ack_outbox(self, seq: int) -> None:
         """Drop the outbox entry ``seq``; an unknown or already-acked seq is a no-op."""
-        self._outbox.ack(seq)
+        if self._busy:
+            raise _reentered("ack_outbox")
+        self._busy = True
+        try:
+            self._outbox.ack(seq)
+        finally:
+            self._busy = False
 
     def pending_spawns(self) -> list[SpawnEntry]:
         """A copy of the unacked spawn intents, oldest first."""
@@ -465,7 +493,13 @@ class DictStore:
 
     def ack_spawn(self, seq: int) -> None:
         """Drop the spawn intent ``seq``; an unknown or already-acked seq is a no-op."""
-        self._spawns.ack(seq)
+        if self._busy:
+            raise _reentered("ack_spawn")
+        self._busy = True
+        try:
+            self._spawns.ack(seq)
+        finally:
+            self._busy = False
 
     def due_timers(self, now: float) -> list[tuple[Hashable, Hashable, float]]:
         """``(execution_id, path, fire_at)`` of every armed timer with ``fire_at <= now``,
@@ -501,21 +535,27 @@ class DictStore:
     def delete_timer(self, execution_id: Hashable, path: Hashable, fire_at: float) -> None:
         """Disarm the timer only if it still fires at ``fire_at``, so a sweep that read it
         before a re-arm cannot delete the re-armed timer."""
-        paths = self._timers.get(execution_id)
-        if paths is None:
-            return
-        entry = paths.get(path)
-        # `not ==`, as the specification compares, for fire_at objects with their own __eq__
-        if entry is None or not entry[0] == fire_at or entry[2] is _DEAD:  # noqa: SIM201
-            return
-        del paths[path]
-        if not paths:
-            del self._timers[execution_id]
-        entry[2] = _DEAD
-        self._n_timers -= 1
-        self._n_dead += 1
-        if self._n_dead > self._n_timers + _SLACK:
-            self._compact_timers()
+        if self._busy:
+            raise _reentered("delete_timer")
+        self._busy = True
+        try:
+            paths = self._timers.get(execution_id)
+            if paths is None:
+                return
+            entry = paths.get(path)
+            # `not ==`, as the specification compares, for fire_at objects with their own __eq__
+            if entry is None or not entry[0] == fire_at or entry[2] is _DEAD:  # noqa: SIM201
+                return
+            del paths[path]
+            if not paths:
+                del self._timers[execution_id]
+            entry[2] = _DEAD
+            self._n_timers -= 1
+            self._n_dead += 1
+            if self._n_dead > self._n_timers + _SLACK:
+                self._compact_timers()
+        finally:
+            self._busy = False
 
     def append_trace(self, execution_id: Hashable, entry: Mapping[str, Any]) -> None:
         """Record a trace step for ``execution_id`` outside a commit."""
@@ -530,21 +570,32 @@ class DictStore:
         """Drop an execution with its processed marks, armed timers, trace ring and
         trace index, in time proportional to what it holds. Pending outbox and spawn
         entries stay: they are owed to a relay. An unknown id is a no-op."""
-        self._by_id.pop(execution_id, None)
-        marks = self._processed.pop(execution_id, None)
-        if marks is not None:
-            self._n_marks -= len(marks)
-        paths = self._timers.pop(execution_id, None)
-        if paths is not None:
-            for entry in paths.values():
-                entry[2] = _DEAD
-            self._n_timers -= len(paths)
-            self._n_dead += len(paths)
-            if self._n_dead > self._n_timers + _SLACK:
-                self._compact_timers()
-        ring = self._trace.pop(execution_id, None)
-        if ring is not None:
-            self._n_steps -= len(ring.steps)
+        if self._busy:
+            raise _reentered("forget")
+        self._busy = True
+        try:
+            # Every lookup before the first pop: an id that collides with this one in
+            # any table runs its __eq__ here, and if that raises nothing is dropped.
+            tables = (self._by_id, self._processed, self._timers, self._trace)
+            if not any([execution_id in table for table in tables]):
+                return
+            self._by_id.pop(execution_id, None)
+            marks = self._processed.pop(execution_id, None)
+            if marks is not None:
+                self._n_marks -= len(marks)
+            paths = self._timers.pop(execution_id, None)
+            if paths is not None:
+                for entry in paths.values():
+                    entry[2] = _DEAD
+                self._n_timers -= len(paths)
+                self._n_dead += len(paths)
+                if self._n_dead > self._n_timers + _SLACK:
+                    self._compact_timers()
+            ring = self._trace.pop(execution_id, None)
+            if ring is not None:
+                self._n_steps -= len(ring.steps)
+        finally:
+            self._busy = False
 
     def stats(self) -> dict[str, int]:
         """Counts for monitoring, each O(1)."""
@@ -562,10 +613,17 @@ class DictStore:
         """Nothing to release: the store lives and dies with the process."""
 
     def _record_trace(self, execution_id: Hashable, entry: Mapping[str, Any]) -> None:
-        step = _trace_step(entry, "trace entry")
-        if type(execution_id) is not str:
-            _hashable(execution_id, "execution_id")
-        self._push_step(execution_id, step)
+        if self._busy:
+            raise _reentered("append_trace")
+        self._busy = True
+        try:
+            step = _trace_step(entry, "trace entry")
+            stamp = "index" not in step
+            if type(execution_id) is not str:
+                _hashable(execution_id, "execution_id")
+            self._push_step(execution_id, step, stamp)
+        finally:
+            self._busy = False
 
     def _probe(self, eid: Hashable, processed_event_id: Hashable | None, ops: tuple[TimerOp, ...]) -> None:
         """Run the key lookups a commit is about to make, before it writes: where a
@@ -601,13 +659,13 @@ class DictStore:
         self._armed = [e for e in self._armed if e[2] is not _DEAD]
         self._n_dead = 0
 
-    def _push_step(self, execution_id: Hashable, step: dict[Any, Any]) -> None:
+    def _push_step(self, execution_id: Hashable, step: dict[Any, Any], stamp: bool) -> None:
         ring = self._trace.get(execution_id)
         if ring is None or ring.steps.maxlen != self._maxlen:
             ring = self._ring(execution_id)
         index = ring.next_index
         ring.next_index = index + 1
-        if "index" not in step:
+        if stamp:
             step["index"] = index
         steps = ring.steps
         if len(steps) != self._maxlen:

@@ -1,0 +1,107 @@
+"""Helpers shared by the tests: drive the async store, and snapshot what a store shows."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import math
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any
+
+# Every method of the store API, in the order of API.md, then the extras.
+API_METHODS = (
+    "load",
+    "save",
+    "commit",
+    "is_processed",
+    "pending_outbox",
+    "ack_outbox",
+    "pending_spawns",
+    "ack_spawn",
+    "due_timers",
+    "delete_timer",
+    "append_trace",
+    "read_trace",
+    "close",
+)
+EXTRA_METHODS = ("forget", "stats")
+
+
+def drive(coro: Any) -> Any:
+    """Run a coroutine of the async store to its end without an event loop.
+
+    The store promises that no method awaits internally, so the first ``send`` must
+    finish the coroutine; a suspension is a broken promise.
+    """
+    assert inspect.iscoroutine(coro), f"expected a coroutine, got {coro!r}"
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coro.close()
+    raise AssertionError(f"{coro.__qualname__} suspended: the async store must not await")
+
+
+class AsyncAsSync:
+    """An async store behind the sync API: each method call returns a coroutine, which
+    ``runner`` runs to its end (``asyncio.run`` by default, or :func:`drive`).
+    ``trace_max`` and private names pass through untouched (``_record_trace`` is a
+    plain method on both stores)."""
+
+    __slots__ = ("_astore", "_runner")
+
+    def __init__(self, astore: Any, runner: Callable[[Any], Any] = asyncio.run) -> None:
+        object.__setattr__(self, "_astore", astore)
+        object.__setattr__(self, "_runner", runner)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._astore, name)
+        if name.startswith("_") or not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            coro = attr(*args, **kwargs)
+            assert inspect.iscoroutine(coro), f"{name}() did not return a coroutine"
+            return self._runner(coro)
+
+        return call
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._astore, name, value)
+
+
+def snapshot(
+    store: Any,
+    ids: Iterable[Hashable],
+    events: Iterable[Hashable] = (),
+    identify: Callable[[Any], Any] = id,
+    deep: bool = True,
+    timers: bool = True,
+) -> dict[str, Any]:
+    """Everything ``store`` shows through its public API about ``ids`` and ``events``.
+
+    ``load`` is recorded as ``(identify(obj), obj.version)``: by default the object's
+    identity, so a replaced object shows even at an equal version. ``due_timers(inf)``
+    lists every armed timer; ``timers=False`` leaves it out, for a caller that must not
+    sweep (a sweep may reorganise the store's timers). With ``deep`` the result is
+    deep-copied, so later writes cannot reach it (spawn contexts and trace steps are the
+    store's own dicts).
+    """
+    ids = list(ids)
+    events = list(events)
+    loaded = {}
+    for eid in ids:
+        exe = store.load(eid)
+        loaded[eid] = None if exe is None else (identify(exe), exe.version)
+    state = {
+        "load": loaded,
+        "processed": {(e, v): store.is_processed(e, v) for e in ids for v in events},
+        "outbox": store.pending_outbox(),
+        "spawns": store.pending_spawns(),
+        "timers": store.due_timers(math.inf) if timers else None,
+        "trace": {eid: store.read_trace(eid) for eid in ids},
+        "stats": store.stats(),
+        "trace_max": store.trace_max,
+    }
+    return copy.deepcopy(state) if deep else state

@@ -1,0 +1,78 @@
+"""The compiled module mirrors the pure one: same public names, same store surface, same
+signatures. Behaviour is compared by every other test, run on both."""
+
+from __future__ import annotations
+
+import inspect
+from types import ModuleType
+from typing import Any
+
+import pytest
+from _helpers import API_METHODS, EXTRA_METHODS
+
+pytestmark = pytest.mark.compiled
+
+METHODS = (*API_METHODS, *EXTRA_METHODS, "_record_trace")
+
+
+def public_names(module: ModuleType) -> set[str]:
+    """Names a user of ``module`` could rely on: not underscored, not a module, and not
+    an import from outside the package (``deque``, ``typing.Any``, ``annotations``)."""
+    names = set()
+    for name, value in vars(module).items():
+        if name.startswith("_") or isinstance(value, ModuleType):
+            continue
+        origin = getattr(value, "__module__", None)
+        if origin is None or origin.startswith("harel_store"):
+            names.add(name)
+    return names
+
+
+def store_surface(cls: type) -> set[str]:
+    return {name for name in dir(cls) if not name.startswith("_")}
+
+
+def test_same_public_names(pure_module: ModuleType, compiled_module: ModuleType) -> None:
+    expected = {
+        "DictStore",
+        "DEFAULT_TRACE_MAX",
+        "OutboxEntry",
+        "SpawnEntry",
+        "StoreConflict",
+        "TimerOp",
+    }
+    assert public_names(pure_module) == expected
+    assert public_names(compiled_module) == public_names(pure_module)
+
+
+def test_shared_records_and_errors(pure_module: ModuleType, compiled_module: ModuleType) -> None:
+    """Both use the very same classes, so ``except`` and ``isinstance`` do not care which
+    store is active."""
+    for name in public_names(pure_module) - {"DictStore"}:
+        assert getattr(compiled_module, name) is getattr(pure_module, name), name
+
+
+def test_same_store_surface(pure_module: ModuleType, compiled_module: ModuleType) -> None:
+    assert store_surface(pure_module.DictStore) == set(API_METHODS + EXTRA_METHODS) | {"trace_max"}
+    assert store_surface(compiled_module.DictStore) == store_surface(pure_module.DictStore)
+    assert callable(compiled_module.DictStore._record_trace)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_same_signature(pure_module: ModuleType, compiled_module: ModuleType, method: str) -> None:
+    """Names, kinds and defaults of the parameters (``self`` aside: the compiled store
+    makes it positional-only); annotations live in the pure module only."""
+
+    def shape(store: Any) -> list[tuple[str, Any, Any]]:
+        signature = inspect.signature(getattr(store, method))
+        return [(p.name, p.kind, p.default) for p in signature.parameters.values()]
+
+    assert shape(compiled_module.DictStore()) == shape(pure_module.DictStore())
+
+
+def test_trace_max_is_a_settable_attribute(
+    pure_module: ModuleType, compiled_module: ModuleType
+) -> None:
+    for module in (pure_module, compiled_module):
+        descriptor = inspect.getattr_static(module.DictStore, "trace_max")
+        assert inspect.isdatadescriptor(descriptor), module.__name__

@@ -648,36 +648,35 @@ cdef class DictStore:
         cdef dict timers = self._timers
         cdef dict paths = timers.get(eid)
         cdef list entry, old
-        cdef object op, n
+        cdef object op, path, n
+        if paths is None:
+            paths = {}
+            timers[eid] = paths
         for op in ops:
             path = (<tuple>op)[1]
-            fire_at = (<tuple>op)[2]
+            old = paths.get(path)
             if (<tuple>op)[0] == "cancel":
-                old = paths.pop(path, None) if paths else None
                 if old is not None:
+                    del paths[path]
                     old[2] = _DEAD
                     self._n_dead += 1
                     self._n_timers -= 1
                 continue
-            if paths is None:
-                paths = {}
-                timers[eid] = paths
             self._timer_seq += 1
             n = self._timer_seq
-            old = paths.get(path)
-            if old is not None and old[4] is False:
-                old[0] = fire_at
-                old[1] = n
-                continue
             if old is None:
                 self._n_timers += 1
+            elif old[4] is False:
+                old[0] = (<tuple>op)[2]
+                old[1] = n
+                continue
             else:
                 old[2] = _DEAD
                 self._n_dead += 1
-            entry = [fire_at, n, eid, path, False]
+            entry = [(<tuple>op)[2], n, eid, path, False]
             paths[path] = entry
             self._armed.append(entry)
-        if paths is not None and not paths:
+        if not paths:
             del timers[eid]
         if self._n_dead > self._n_timers + _SLACK:
             self._compact_timers()

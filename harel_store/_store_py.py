@@ -151,14 +151,12 @@ def _spawn_items(spawns: Any) -> list[tuple[Any, Any, dict[Any, Any]]]:
         child_id, root_path, context = item
         if type(child_id) is not str:
             _hashable(child_id, "spawns[%d] child_id", len(items))
-        if type(context) is dict:
-            context = context.copy()
-        elif isinstance(context, Mapping):
+        if type(context) is not dict:  # an exact dict is copied when written
+            if not isinstance(context, Mapping):
+                raise TypeError(
+                    f"spawns[{len(items)}] context must be a mapping, got {type(context).__name__}"
+                )
             context = dict(context)
-        else:
-            raise TypeError(
-                f"spawns[{len(items)}] context must be a mapping, got {type(context).__name__}"
-            )
         items.append((child_id, root_path, context))
     return items
 
@@ -352,7 +350,20 @@ class DictStore:
                         ops = _timer_ops(ops)
                         str_paths = False
                         break
-            children = _spawn_items(spawns) if spawns is not _EMPTY else _EMPTY
+            if spawns is _EMPTY:
+                children = _EMPTY
+            else:
+                # Exact dicts are copied when written: dict.copy runs no caller code.
+                children = tuple(spawns) if type(spawns) is list else _snapshot(spawns, "spawns")
+                for item in children:
+                    if (
+                        type(item) is not tuple
+                        or len(item) != 3
+                        or type(item[0]) is not str
+                        or type(item[2]) is not dict
+                    ):
+                        children = _spawn_items(children)
+                        break
             if trace is None:
                 step = None
             elif type(trace) is dict:
@@ -414,31 +425,32 @@ class DictStore:
             if ops:
                 timers_ = self._timers
                 paths = timers_.get(eid)
-                for action, path, fire_at in ops:
-                    if action == "cancel":
-                        old = paths.pop(path, None) if paths else None
+                if paths is None:
+                    timers_[eid] = paths = {}
+                for op in ops:
+                    path = op[1]
+                    old = paths.get(path)
+                    if op[0] == "cancel":
                         if old is not None:
+                            del paths[path]
                             old[2] = _DEAD
                             self._n_dead += 1
                             self._n_timers -= 1
                         continue
-                    if paths is None:
-                        timers_[eid] = paths = {}
                     self._timer_seq = n = self._timer_seq + 1
-                    old = paths.get(path)
-                    if old is not None and not old[4]:
-                        old[0] = fire_at  # not in the heap yet: re-arm in place
-                        old[1] = n
-                        continue
                     if old is None:
                         self._n_timers += 1
+                    elif not old[4]:
+                        old[0] = op[2]  # not in the heap yet: re-arm in place
+                        old[1] = n
+                        continue
                     else:
                         old[2] = _DEAD
                         self._n_dead += 1
-                    entry = [fire_at, n, eid, path, False]
+                    entry = [op[2], n, eid, path, False]
                     paths[path] = entry
                     self._armed.append(entry)
-                if paths is not None and not paths:
+                if not paths:
                     del timers_[eid]
                 if self._n_dead > self._n_timers + _SLACK:
                     self._compact_timers()
@@ -449,7 +461,7 @@ class DictStore:
                 seq = self._spawn_seq
                 for child_id, root_path, context in children:
                     seq += 1
-                    append(_new(SpawnEntry, (seq, eid, child_id, root_path, context)))
+                    append(_new(SpawnEntry, (seq, eid, child_id, root_path, context.copy())))
                     add(seq)
                 self._spawn_seq = seq
             if step is not None:

@@ -362,9 +362,15 @@ cdef class DictStore:
         return self._by_id.get(execution_id)
 
     def save(self, exe):
-        self.commit(exe, _EMPTY)
+        self._commit(exe, _EMPTY, None, _EMPTY, _EMPTY, None)
 
     def commit(self, exe, emits, processed_event_id=None, timers=(), spawns=(), trace=None):
+        self._commit(exe, emits, processed_event_id, timers, spawns, trace)
+
+    cdef int _commit(
+        self, object exe, object emits, object processed_event_id, object timers, object spawns,
+        object trace,
+    ) except -1:
         cdef tuple pairs, ops
         cdef object item
         cdef list children = None
@@ -494,6 +500,7 @@ cdef class DictStore:
                 self._push_step(eid, step, stamp)
         finally:
             self._busy = False
+        return 0
 
     def is_processed(self, execution_id, event_id):
         marks = self._processed.get(execution_id)

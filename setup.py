@@ -50,12 +50,13 @@ class OptionalBuildExt(build_ext):
     """Compile the store, or fall back to the pure install loudly (or fail, if required)."""
 
     def run(self) -> None:
+        self.failed_extensions: list[str] = []
         try:
             super().run()
         except Exception as exc:  # noqa: BLE001 - any build failure means "no compiler"
             _fallback(f"{type(exc).__name__}: {exc}")
             return
-        if not self.inplace and self.extensions:
+        if not self.inplace and self.extensions and not self.failed_extensions:
             # `pip install . && python -m harel_store` run from the checkout imports the
             # checkout's harel_store/, so it gets the compiled module too, not a silent
             # pure fallback.
@@ -68,6 +69,7 @@ class OptionalBuildExt(build_ext):
         try:
             super().build_extension(ext)
         except Exception as exc:  # noqa: BLE001
+            self.failed_extensions.append(ext.name)  # nothing to copy into the source tree
             traceback.print_exc()
             _fallback(f"{type(exc).__name__}: {exc}")
 
@@ -102,7 +104,8 @@ def _extensions() -> list[Extension]:
         macros += [("CYTHON_TRACE", "1"), ("CYTHON_TRACE_NOGIL", "1")]
     ext = Extension("harel_store._store_c", ["harel_store/_store_c.pyx"], define_macros=macros)
     try:
-        return cythonize([ext], compiler_directives=directives, quiet=True)
+        # force: the generated C depends on HAREL_STORE_CYTHON_TRACE, which timestamps miss
+        return cythonize([ext], compiler_directives=directives, quiet=True, force=True)
     except Exception as exc:  # noqa: BLE001
         _fallback(f"cythonize failed: {type(exc).__name__}: {exc}")
         return []

@@ -36,7 +36,7 @@ from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
 _new = tuple.__new__
 _DEAD: Any = object()  # the id slot of a heap entry whose timer is no longer armed
 _SLACK = 64  # dead heap entries / acked FIFO entries tolerated before a rebuild
-_EMPTY: Any = ()
+_EMPTY: tuple[Any, ...] = ()
 
 
 def _reentered(name: str) -> RuntimeError:
@@ -224,9 +224,10 @@ class DictStore:
     """
 
     __slots__ = (
+        "_armed",
+        "_busy",
         "_by_id",
         "_heap",
-        "_armed",
         "_maxlen",
         "_n_dead",
         "_n_marks",
@@ -241,7 +242,6 @@ class DictStore:
         "_timers",
         "_trace",
         "_trace_max",
-        "_busy",
     )
 
     def __init__(self, *, trace_max: int | None = DEFAULT_TRACE_MAX) -> None:
@@ -330,6 +330,7 @@ class DictStore:
             if processed_event_id is not None and type(processed_event_id) is not str:
                 _hashable(processed_event_id, "processed_event_id")
             str_paths = True
+            ops: tuple[Any, ...]
             if timers is _EMPTY:
                 ops = _EMPTY
             else:
@@ -350,6 +351,7 @@ class DictStore:
                         ops = _timer_ops(ops)
                         str_paths = False
                         break
+            children: tuple[Any, ...] | list[tuple[Any, Any, dict[Any, Any]]]
             if spawns is _EMPTY:
                 children = _EMPTY
             else:
@@ -589,7 +591,7 @@ class DictStore:
             # Every lookup before the first pop: an id that collides with this one in
             # any table runs its __eq__ here, and if that raises nothing is dropped.
             tables = (self._by_id, self._processed, self._timers, self._trace)
-            if not any([execution_id in table for table in tables]):
+            if not any([execution_id in table for table in tables]):  # noqa: C419 - no short cut
                 return
             self._by_id.pop(execution_id, None)
             marks = self._processed.pop(execution_id, None)

@@ -23,6 +23,10 @@ CI_COMMANDS = (
     *SETUP_COMMANDS,
     "HAREL_STORE_NO_EXTENSIONS=1 pip install .",
     "HAREL_STORE_REQUIRE_EXTENSIONS=1 pip install .",
+    "bash tools/build_dists.sh && bash tools/check_dists.sh",
+    "pip install --no-index --find-links dist harel-store",
+    "pip install --no-index dist/harel_store-*-py3-none-any.whl",
+    "PYTHON=python perf/smoke.sh",
 )
 NO_EXTENSIONS = "HAREL_STORE_NO_EXTENSIONS"
 REQUIRE_EXTENSIONS = "HAREL_STORE_REQUIRE_EXTENSIONS"

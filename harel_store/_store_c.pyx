@@ -38,6 +38,8 @@ cdef type _TimerOp = TimerOp
 cdef object _DEAD = object()
 cdef Py_ssize_t _SLACK = 64
 cdef tuple _EMPTY = ()
+cdef str _SCHEDULE = "schedule"
+cdef str _CANCEL = "cancel"
 
 
 cdef inline object _new3(type cls, object a, object b, object c):
@@ -133,8 +135,14 @@ cdef tuple _snapshot(object iterable, str what):
     return tuple(iterator)
 
 
-cdef tuple _emit_pairs(tuple pairs):
-    return tuple([_emit_pair(item, i) for i, item in enumerate(pairs)])
+cdef list _outbox_entries(object emits, long long seq):
+    cdef list out = []
+    cdef object item
+    for i, item in enumerate(_snapshot(emits, "emits")):
+        item = _emit_pair(item, i)
+        seq += 1
+        out.append(_untracked(_new3(_OutboxEntry, seq, (<tuple>item)[0], (<tuple>item)[1]), 3))
+    return out
 
 
 cdef object _emit_pair(object item, Py_ssize_t i):
@@ -172,36 +180,33 @@ cdef object _timer_op(object op, Py_ssize_t i):
             at = _as_time(fire_at, f"timers[{i}].fire_at")
         if at - at != 0.0:
             raise ValueError(f"timers[{i}].fire_at must be finite, got {fire_at!r}")
-        return _new3(_TimerOp, "schedule", path, at)
+        return _new3(_TimerOp, _SCHEDULE, path, at)
     if action == "cancel":
-        return _new3(_TimerOp, "cancel", path, None)
+        return _new3(_TimerOp, _CANCEL, path, None)
     raise ValueError(f"timers[{i}].action must be 'schedule' or 'cancel', got {action!r}")
 
 
-cdef list _spawn_items(object spawns):
+cdef list _spawn_entries(object spawns, object parent_id, long long seq):
     cdef list items = []
     cdef object item, child_id, root_path, context
-    if type(spawns) is not list and type(spawns) is not tuple:
-        spawns = _snapshot(spawns, "spawns")
-    for item in spawns:
+    cdef Py_ssize_t i
+    for item in _snapshot(spawns, "spawns"):
+        i = len(items)
         if type(item) is not tuple or len(<tuple>item) != 3:
             if not isinstance(item, (tuple, list)) or len(item) != 3:
                 raise TypeError(
-                    f"spawns[{len(items)}] must be a (child_id, root_path, context) triple, "
-                    f"got {type(item).__name__}"
+                    f"spawns[{i}] must be a (child_id, root_path, context) triple, got {type(item).__name__}"
                 )
         child_id, root_path, context = item
         if type(child_id) is not str:
-            _hashable(child_id, "spawns[%d] child_id", len(items))
+            _hashable(child_id, "spawns[%d] child_id", i)
         if type(context) is dict:
             context = (<dict>context).copy()
         elif isinstance(context, Mapping):
             context = dict(context)
         else:
-            raise TypeError(
-                f"spawns[{len(items)}] context must be a mapping, got {type(context).__name__}"
-            )
-        items.append((child_id, root_path, context))
+            raise TypeError(f"spawns[{i}] context must be a mapping, got {type(context).__name__}")
+        items.append(_untracked(_new5(_SpawnEntry, seq + i + 1, parent_id, child_id, root_path, context), 5))
     return items
 
 
@@ -214,16 +219,16 @@ cdef dict _trace_step(object entry, str what):
 
 
 cdef class _Fifo:
-    """Entries in seq order, and the seqs among them not yet acked."""
+    """Pending entries in seq order; ``live`` is None (dense) or the pending seqs."""
 
     cdef object entries
-    cdef set live
+    cdef object live
     cdef object _append
     cdef object _popleft
 
     def __init__(self):
         self._reset(deque())
-        self.live = set()
+        self.live = None
 
     cdef inline void _reset(self, object entries):
         self.entries = entries
@@ -231,29 +236,52 @@ cdef class _Fifo:
         self._popleft = entries.popleft
 
     def __len__(self):
-        return len(self.live)
+        return len(self.entries) if self.live is None else len(<set>self.live)
 
     cdef list pending(self):
         cdef object e
-        if len(self.entries) == len(self.live):
+        if self.live is None:
             return list(self.entries)
         return [e for e in self.entries if PySet_Contains(self.live, (<tuple>e)[0])]
 
     cdef int ack(self, object seq) except -1:
+        cdef object entries = self.entries
+        cdef object first, last, e
+        cdef set live
         if type(seq) is not int:
             seq = _as_int(seq, "seq")
-        if not PySet_Discard(self.live, seq):
+        if self.live is None:
+            if not entries:
+                return 0
+            first = (<tuple>entries[0])[0]
+            if seq == first:
+                self._popleft()
+                return 0
+            last = (<tuple>entries[len(entries) - 1])[0]
+            if seq == last:
+                entries.pop()
+                return 0
+            if not first < seq < last:
+                return 0
+            self.live = {(<tuple>e)[0] for e in entries}
+        live = <set>self.live
+        if not PySet_Discard(live, seq):
             return 0
-        entries = self.entries
-        while entries and not PySet_Contains(self.live, (<tuple>entries[0])[0]):
+        while entries and not PySet_Contains(live, (<tuple>entries[0])[0]):
             self._popleft()
-        if len(entries) > 2 * len(self.live) + _SLACK:
-            self._reset(deque([e for e in entries if PySet_Contains(self.live, (<tuple>e)[0])]))
+        if len(entries) > 2 * len(live) + _SLACK:
+            self._reset(deque([e for e in entries if PySet_Contains(live, (<tuple>e)[0])]))
+        if len(self.entries) == len(live):
+            self.live = None
         return 0
 
-    cdef inline int push(self, object entry, object seq) except -1:
-        self._append(entry)
-        return PySet_Add(self.live, seq)
+    cdef inline int extend(self, list records) except -1:
+        cdef object record
+        for record in records:
+            self._append(record)
+            if self.live is not None:
+                PySet_Add(self.live, (<tuple>record)[0])
+        return 0
 
 
 cdef class _Ring:
@@ -323,6 +351,7 @@ cdef class DictStore:
     cdef Py_ssize_t _n_dead
     cdef Py_ssize_t _n_steps
     cdef bint _busy
+    cdef bint _mixed
 
     def __init__(self, *, trace_max=DEFAULT_TRACE_MAX):
         self.trace_max = trace_max
@@ -371,37 +400,42 @@ cdef class DictStore:
         self, object exe, object emits, object processed_event_id, object timers, object spawns,
         object trace,
     ) except -1:
-        cdef tuple pairs, ops
+        cdef tuple ops
         cdef object item
-        cdef list children = None
+        cdef list out = None
+        cdef list born = None
         cdef dict step = None
         cdef bint stamp = False
-        cdef bint str_paths
-        cdef object eid, prev, version, found, target, action, fire_at, seq, marks
+        cdef bint str_keys = True
+        cdef object eid, prev, version, found, target, action, fire_at, marks, child_id, context
         cdef long long n
-        cdef _Fifo fifo
         if self._busy:
             raise _reentered("commit")
         self._busy = True
         try:
+            try:
+                eid = exe.id
+            except AttributeError:
+                raise TypeError(f"an execution needs an `id` attribute, got {type(exe).__name__}") from None
 
-            if type(emits) is list:
-                pairs = tuple(<list>emits)
-            elif type(emits) is tuple:
-                pairs = <tuple>emits
-            else:
-                pairs = _snapshot(emits, "emits")
-            for item in pairs:
-                if type(item) is not tuple or len(<tuple>item) != 2:
-                    pairs = _emit_pairs(pairs)
-                    break
-                target = (<tuple>item)[0]
-                if target is not None and type(target) is not str:
-                    pairs = _emit_pairs(pairs)
-                    break
+            if type(emits) is list or type(emits) is tuple:
+                out = []
+                n = self._seq
+                for item in emits:
+                    if type(item) is not tuple or len(<tuple>item) != 2:
+                        out = None
+                        break
+                    target = (<tuple>item)[0]
+                    if target is not None and type(target) is not str:
+                        out = None
+                        break
+                    n += 1
+                    out.append(_untracked(_new3(_OutboxEntry, n, target, (<tuple>item)[1]), 3))
+            if out is None:
+                out = _outbox_entries(emits, self._seq)
             if processed_event_id is not None and type(processed_event_id) is not str:
                 _hashable(processed_event_id, "processed_event_id")
-            str_paths = True
+                str_keys = False
             if timers is _EMPTY:
                 ops = _EMPTY
             else:
@@ -413,31 +447,48 @@ cdef class DictStore:
                     or type((<tuple>item)[1]) is not str
                 ):
                         ops = _timer_ops(ops)
-                        str_paths = False
+                        str_keys = False
                         break
                     action = (<tuple>item)[0]
-                    if action == "schedule":
+                    if action == _SCHEDULE:
                         fire_at = (<tuple>item)[2]
                         if type(fire_at) is not float or (
                             PyFloat_AS_DOUBLE(fire_at) - PyFloat_AS_DOUBLE(fire_at) != 0.0
                         ):
                             ops = _timer_ops(ops)
-                            str_paths = False
+                            str_keys = False
                             break
-                    elif action != "cancel":
+                    elif action != _CANCEL:
                         ops = _timer_ops(ops)
-                        str_paths = False
+                        str_keys = False
                         break
             if spawns is not _EMPTY:
-                children = _spawn_items(spawns)
+                if type(spawns) is list or type(spawns) is tuple:
+                    # Exact dicts are copied here: dict.copy runs no caller code.
+                    born = []
+                    n = self._spawn_seq
+                    for item in spawns:
+                        if type(item) is not tuple or len(<tuple>item) != 3:
+                            born = None
+                            break
+                        child_id = (<tuple>item)[0]
+                        context = (<tuple>item)[2]
+                        if type(child_id) is not str or type(context) is not dict:
+                            born = None
+                            break
+                        n += 1
+                        born.append(
+                            _untracked(
+                                _new5(_SpawnEntry, n, eid, child_id, (<tuple>item)[1], (<dict>context).copy()),
+                                5,
+                            )
+                        )
+                if born is None:
+                    born = _spawn_entries(spawns, eid, self._spawn_seq)
             if trace is not None:
                 step = (<dict>trace).copy() if type(trace) is dict else _trace_step(trace, "trace")
                 stamp = "index" not in step
 
-            try:
-                eid = exe.id
-            except AttributeError:
-                raise TypeError(f"an execution needs an `id` attribute, got {type(exe).__name__}") from None
             try:
                 prev = self._by_id.get(eid)
             except TypeError:
@@ -454,24 +505,18 @@ cdef class DictStore:
                 found = prev.version
                 if found != version:
                     raise StoreConflict(eid, version, found)
-            if not str_paths or type(eid) is not str or (
-                processed_event_id is not None and type(processed_event_id) is not str
-            ):
+            if not str_keys or type(eid) is not str or self._mixed:
                 self._probe(eid, processed_event_id, ops)
+                self._mixed = True
             try:
                 exe.version = version + 1
             except AttributeError:
                 raise TypeError(f"the version of {type(exe).__name__} is not writable") from None
             self._by_id[eid] = exe
 
-            if pairs:
-                fifo = self._outbox
-                n = self._seq
-                for item in pairs:
-                    n += 1
-                    seq = n
-                    fifo.push(_untracked(_new3(_OutboxEntry, seq, (<tuple>item)[0], (<tuple>item)[1]), 3), seq)
-                self._seq = n
+            if out:
+                self._outbox.extend(out)
+                self._seq += len(out)
             if processed_event_id is not None:
                 marks = self._processed.get(eid)
                 if marks is None:
@@ -482,20 +527,9 @@ cdef class DictStore:
                     self._n_marks += 1
             if ops:
                 self._apply_timers(eid, ops)
-            if children:
-                fifo = self._spawns
-                n = self._spawn_seq
-                for item in children:
-                    n += 1
-                    seq = n
-                    fifo.push(
-                        _untracked(
-                            _new5(_SpawnEntry, seq, eid, (<tuple>item)[0], (<tuple>item)[1], (<tuple>item)[2]),
-                            5,
-                        ),
-                        seq,
-                    )
-                self._spawn_seq = n
+            if born:
+                self._spawns.extend(born)
+                self._spawn_seq += len(born)
             if step is not None:
                 self._push_step(eid, step, stamp)
         finally:
@@ -612,8 +646,8 @@ cdef class DictStore:
     def stats(self):
         return {
             "executions": len(self._by_id),
-            "outbox": len(self._outbox.live),
-            "spawns": len(self._spawns.live),
+            "outbox": len(self._outbox),
+            "spawns": len(self._spawns),
             "timers": self._n_timers,
             "processed": self._n_marks,
             "traces": len(self._trace),
@@ -635,6 +669,7 @@ cdef class DictStore:
         try:
             if type(execution_id) is not str:
                 _hashable(execution_id, "execution_id")
+                self._mixed = True
             return self._push_step(execution_id, step, stamp)
         finally:
             self._busy = False

@@ -4,8 +4,9 @@ the compiled ``_store_c`` is not built. ``_store_c.pyx`` mirrors it name for nam
 Layout, against the specification's:
 
 - ``_by_id``: id -> the live execution object (as specified).
-- ``_outbox``/``_spawns``: :class:`_Fifo`, a deque in seq order plus the set of seqs not
-  yet acked, so acks in any order are O(1) amortized.
+- ``_outbox``/``_spawns``: :class:`_Fifo`, a deque in seq order; acks at either end pop
+  it, and only acks elsewhere bring in a set of the pending seqs, so acks in any order
+  are O(1) amortized and the common ones touch nothing but the deque.
 - ``_processed``: id -> set of handled event ids, so :meth:`DictStore.forget` can drop an
   execution's marks without scanning the others.
 - ``_timers``: id -> {path: entry}, an entry being ``[fire_at, arm order, id, path,
@@ -19,7 +20,8 @@ Layout, against the specification's:
   monotonic step index.
 
 Every mutating method checks all of its input, and runs all the caller's code (``hash``,
-``__eq__``, mapping methods, iterators), before it writes anything.
+``__eq__``, mapping methods, iterators), before it writes anything. ``commit`` builds the
+records it will enqueue while it checks, so what it writes is what it checked.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ _new = tuple.__new__
 _DEAD: Any = object()  # the id slot of a heap entry whose timer is no longer armed
 _SLACK = 64  # dead heap entries / acked FIFO entries tolerated before a rebuild
 _EMPTY: tuple[Any, ...] = ()
+_SCHEDULE = "schedule"
+_CANCEL = "cancel"
 
 
 def _reentered(name: str) -> RuntimeError:
@@ -91,9 +95,10 @@ def _snapshot(iterable: Any, what: str) -> tuple[Any, ...]:
     return tuple(iterator)
 
 
-def _emit_pairs(pairs: tuple[Any, ...]) -> tuple[tuple[Any, Any], ...]:
-    """The slow path of ``commit``'s emit check: each item made a checked pair."""
-    return tuple([_emit_pair(item, i) for i, item in enumerate(pairs)])
+def _outbox_entries(emits: Any, seq: int) -> list[OutboxEntry]:
+    """The slow path of ``commit``'s emit check: the records for checked pairs."""
+    pairs = _snapshot(emits, "emits")
+    return [_new(OutboxEntry, (seq + i + 1, *_emit_pair(item, i))) for i, item in enumerate(pairs)]
 
 
 def _emit_pair(item: Any, i: int) -> tuple[Any, Any]:
@@ -130,34 +135,33 @@ def _timer_op(op: Any, i: int) -> TimerOp:
             fire_at = _as_time(fire_at, f"timers[{i}].fire_at")
         if fire_at - fire_at != 0.0:
             raise ValueError(f"timers[{i}].fire_at must be finite, got {fire_at!r}")
-        return _new(TimerOp, ("schedule", path, fire_at))
+        return _new(TimerOp, (_SCHEDULE, path, fire_at))
     if action == "cancel":
-        return _new(TimerOp, ("cancel", path, None))
+        return _new(TimerOp, (_CANCEL, path, None))
     raise ValueError(f"timers[{i}].action must be 'schedule' or 'cancel', got {action!r}")
 
 
-def _spawn_items(spawns: Any) -> list[tuple[Any, Any, dict[Any, Any]]]:
-    items: list[tuple[Any, Any, dict[Any, Any]]] = []
-    if type(spawns) is not list and type(spawns) is not tuple:
-        spawns = _snapshot(spawns, "spawns")
-    for item in spawns:
+def _spawn_entries(spawns: Any, parent_id: Any, seq: int) -> list[SpawnEntry]:
+    """The slow path of ``commit``'s spawn check: the records for checked triples."""
+    items: list[SpawnEntry] = []
+    for item in _snapshot(spawns, "spawns"):
+        i = len(items)
         if (type(item) is not tuple or len(item) != 3) and (
             not isinstance(item, (tuple, list)) or len(item) != 3
         ):
             raise TypeError(
-                f"spawns[{len(items)}] must be a (child_id, root_path, context) triple, "
-                f"got {type(item).__name__}"
+                f"spawns[{i}] must be a (child_id, root_path, context) triple, got {type(item).__name__}"
             )
         child_id, root_path, context = item
         if type(child_id) is not str:
-            _hashable(child_id, "spawns[%d] child_id", len(items))
-        if type(context) is not dict:  # an exact dict is copied when written
-            if not isinstance(context, Mapping):
-                raise TypeError(
-                    f"spawns[{len(items)}] context must be a mapping, got {type(context).__name__}"
-                )
+            _hashable(child_id, "spawns[%d] child_id", i)
+        if type(context) is dict:
+            context = context.copy()
+        elif isinstance(context, Mapping):
             context = dict(context)
-        items.append((child_id, root_path, context))
+        else:
+            raise TypeError(f"spawns[{i}] context must be a mapping, got {type(context).__name__}")
+        items.append(_new(SpawnEntry, (seq + i + 1, parent_id, child_id, root_path, context)))
     return items
 
 
@@ -170,41 +174,58 @@ def _trace_step(entry: Any, what: str) -> dict[Any, Any]:
 
 
 class _Fifo:
-    """Entries in seq order, and the seqs among them not yet acked.
+    """Pending entries in seq order.
 
-    An ack drops its seq from ``live`` and pops acked entries off the head; once acked
-    entries outnumber live ones the deque is rebuilt. Every ack is O(1) amortized,
-    whatever the order, and memory stays proportional to what is pending.
+    Dense (``live`` is None): the deque holds exactly the pending entries, so an ack of
+    either end is a pop and a seq outside the two ends is not pending. An ack anywhere
+    else makes it sparse: ``live`` becomes the set of pending seqs, and acked entries
+    stay in the deque until they reach its head or outnumber the pending ones, when the
+    deque is rebuilt. Once the deque holds only pending entries again, it is dense.
+    Every ack is O(1) amortized, whatever the order, and memory stays proportional to
+    what is pending.
     """
 
     __slots__ = ("entries", "live")
 
     def __init__(self) -> None:
         self.entries: deque[Any] = deque()
-        self.live: set[int] = set()
+        self.live: set[int] | None = None
 
     def __len__(self) -> int:
-        return len(self.live)
+        return len(self.entries) if self.live is None else len(self.live)
 
     def pending(self) -> list[Any]:
-        entries = self.entries
         live = self.live
-        if len(entries) == len(live):
-            return list(entries)
-        return [e for e in entries if e[0] in live]
+        if live is None:
+            return list(self.entries)
+        return [e for e in self.entries if e[0] in live]
 
     def ack(self, seq: Any) -> None:
         if type(seq) is not int:
             seq = _as_int(seq, "seq")
+        entries = self.entries
         live = self.live
+        if live is None:
+            if not entries:
+                return
+            if seq == entries[0][0]:
+                entries.popleft()
+                return
+            if seq == entries[-1][0]:
+                entries.pop()
+                return
+            if not entries[0][0] < seq < entries[-1][0]:
+                return
+            self.live = live = {e[0] for e in entries}
         if seq not in live:
             return
         live.remove(seq)
-        entries = self.entries
         while entries and entries[0][0] not in live:
             entries.popleft()
         if len(entries) > 2 * len(live) + _SLACK:
-            self.entries = deque([e for e in entries if e[0] in live])
+            self.entries = entries = deque([e for e in entries if e[0] in live])
+        if len(entries) == len(live):
+            self.live = None
 
 
 class _Ring:
@@ -229,6 +250,7 @@ class DictStore:
         "_by_id",
         "_heap",
         "_maxlen",
+        "_mixed",
         "_n_dead",
         "_n_marks",
         "_n_steps",
@@ -246,6 +268,7 @@ class DictStore:
 
     def __init__(self, *, trace_max: int | None = DEFAULT_TRACE_MAX) -> None:
         self._busy = False
+        self._mixed = False  # a key that is not an exact str was stored: lookups may run code
         self.trace_max = trace_max
         self._by_id: dict[Hashable, Any] = {}
         self._outbox = _Fifo()
@@ -307,78 +330,92 @@ class DictStore:
         All or nothing: on bad input (``TypeError``/``ValueError`` naming the item) or a
         :class:`StoreConflict`, neither the store nor ``exe.version`` changes.
         """
-        # Check and copy everything the caller handed over; nothing is written yet. The
-        # loops below are the exact-type fast paths; anything else takes the slow path.
         if self._busy:
             raise _reentered("commit")
         self._busy = True
         try:
-            if type(emits) is list:
-                pairs = tuple(emits)
-            elif type(emits) is tuple:
-                pairs = emits
-            else:
-                pairs = _snapshot(emits, "emits")
-            for item in pairs:
-                if type(item) is not tuple or len(item) != 2:
-                    pairs = _emit_pairs(pairs)
-                    break
-                target = item[0]
-                if target is not None and type(target) is not str:
-                    pairs = _emit_pairs(pairs)
-                    break
+            try:
+                eid = exe.id
+            except AttributeError:
+                raise TypeError(f"an execution needs an `id` attribute, got {type(exe).__name__}") from None
+            # Check everything, building the records as we go: what is written later is
+            # what was checked, whatever caller code runs in between. The loops are the
+            # exact-type fast paths; anything else takes the slow path.
+            seq = self._seq
+            out: list[OutboxEntry] = []
+            done = False
+            if type(emits) is list or type(emits) is tuple:
+                try:
+                    for item in emits:
+                        if type(item) is not tuple:
+                            break
+                        target, event = item
+                        if target is not None and type(target) is not str:
+                            break
+                        seq += 1
+                        out.append(_new(OutboxEntry, (seq, target, event)))
+                    else:
+                        done = True
+                except ValueError:  # an item that is not a pair: the slow path names it
+                    pass
+            if not done:
+                out = _outbox_entries(emits, self._seq)
+                seq = self._seq + len(out)
+            str_keys = True  # every key a str: the lookups below run no caller code
             if processed_event_id is not None and type(processed_event_id) is not str:
                 _hashable(processed_event_id, "processed_event_id")
-            str_paths = True
+                str_keys = False
             ops: tuple[Any, ...]
             if timers is _EMPTY:
                 ops = _EMPTY
             else:
                 ops = tuple(timers) if type(timers) is list else _snapshot(timers, "timers")
                 for op in ops:
-                    if type(op) is not TimerOp or type(op[0]) is not str or type(op[1]) is not str:
+                    # Actions are compared by identity: string constants in a caller's
+                    # code are interned; any other action takes the slow path.
+                    if type(op) is not TimerOp or type(op[1]) is not str:
                         ops = _timer_ops(ops)
-                        str_paths = False
+                        str_keys = False
                         break
                     action = op[0]
-                    if action == "schedule":
+                    if action is _SCHEDULE:
                         fire_at = op[2]
                         if type(fire_at) is not float or fire_at - fire_at != 0.0:
                             ops = _timer_ops(ops)
-                            str_paths = False
+                            str_keys = False
                             break
-                    elif action != "cancel":
+                    elif action is not _CANCEL:
                         ops = _timer_ops(ops)
-                        str_paths = False
+                        str_keys = False
                         break
-            children: tuple[Any, ...] | list[tuple[Any, Any, dict[Any, Any]]]
-            if spawns is _EMPTY:
-                children = _EMPTY
-            else:
-                # Exact dicts are copied when written: dict.copy runs no caller code.
-                children = tuple(spawns) if type(spawns) is list else _snapshot(spawns, "spawns")
-                for item in children:
-                    if (
-                        type(item) is not tuple
-                        or len(item) != 3
-                        or type(item[0]) is not str
-                        or type(item[2]) is not dict
-                    ):
-                        children = _spawn_items(children)
-                        break
+            spawn_seq = self._spawn_seq
+            born: list[SpawnEntry] = []
+            done = spawns is _EMPTY
+            if not done and (type(spawns) is list or type(spawns) is tuple):
+                # Exact dicts are copied here: dict.copy runs no caller code.
+                try:
+                    for item in spawns:
+                        if type(item) is not tuple:
+                            break
+                        child_id, root_path, context = item
+                        if type(child_id) is not str or type(context) is not dict:
+                            break
+                        spawn_seq += 1
+                        born.append(_new(SpawnEntry, (spawn_seq, eid, child_id, root_path, context.copy())))
+                    else:
+                        done = True
+                except ValueError:
+                    pass
+            if not done:
+                born = _spawn_entries(spawns, eid, self._spawn_seq)
+                spawn_seq = self._spawn_seq + len(born)
             if trace is None:
                 step = None
-            elif type(trace) is dict:
-                step = trace.copy()
             else:
-                step = _trace_step(trace, "trace")
-            stamp = step is not None and "index" not in step
+                step = trace.copy() if type(trace) is dict else _trace_step(trace, "trace")
+                stamp = "index" not in step
 
             # CAS, read as late as possible so no caller code runs between check and write.
-            try:
-                eid = exe.id
-            except AttributeError:
-                raise TypeError(f"an execution needs an `id` attribute, got {type(exe).__name__}") from None
             by_id = self._by_id
             try:
                 prev = by_id.get(eid)
@@ -396,25 +433,20 @@ class DictStore:
                 found = prev.version
                 if found != version:
                     raise StoreConflict(eid, version, found)
-            if not str_paths or type(eid) is not str or (
-                processed_event_id is not None and type(processed_event_id) is not str
-            ):
+            if not str_keys or type(eid) is not str or self._mixed:
                 self._probe(eid, processed_event_id, ops)
+                self._mixed = True
             try:
                 exe.version = version + 1
             except AttributeError:
                 raise TypeError(f"the version of {type(exe).__name__} is not writable") from None
             by_id[eid] = exe
 
-            if pairs:
-                outbox = self._outbox
-                append = outbox.entries.append
-                add = outbox.live.add
-                seq = self._seq
-                for target_id, event in pairs:
-                    seq += 1
-                    append(_new(OutboxEntry, (seq, target_id, event)))
-                    add(seq)
+            if out:
+                fifo = self._outbox
+                fifo.entries.extend(out)
+                if fifo.live is not None:
+                    fifo.live.update(range(self._seq + 1, seq + 1))
                 self._seq = seq
             if processed_event_id is not None:
                 marks = self._processed.get(eid)
@@ -429,15 +461,17 @@ class DictStore:
                 paths = timers_.get(eid)
                 if paths is None:
                     timers_[eid] = paths = {}
+                died = False
                 for op in ops:
                     path = op[1]
                     old = paths.get(path)
-                    if op[0] == "cancel":
+                    if op[0] is _CANCEL:
                         if old is not None:
                             del paths[path]
                             old[2] = _DEAD
                             self._n_dead += 1
                             self._n_timers -= 1
+                            died = True
                         continue
                     self._timer_seq = n = self._timer_seq + 1
                     if old is None:
@@ -449,23 +483,21 @@ class DictStore:
                     else:
                         old[2] = _DEAD
                         self._n_dead += 1
+                        died = True
                     entry = [op[2], n, eid, path, False]
                     paths[path] = entry
                     self._armed.append(entry)
-                if not paths:
-                    del timers_[eid]
-                if self._n_dead > self._n_timers + _SLACK:
-                    self._compact_timers()
-            if children:
-                spawns_ = self._spawns
-                append = spawns_.entries.append
-                add = spawns_.live.add
-                seq = self._spawn_seq
-                for child_id, root_path, context in children:
-                    seq += 1
-                    append(_new(SpawnEntry, (seq, eid, child_id, root_path, context.copy())))
-                    add(seq)
-                self._spawn_seq = seq
+                if died:
+                    if not paths:
+                        del timers_[eid]
+                    if self._n_dead > self._n_timers + _SLACK:
+                        self._compact_timers()
+            if born:
+                fifo = self._spawns
+                fifo.entries.extend(born)
+                if fifo.live is not None:
+                    fifo.live.update(range(self._spawn_seq + 1, spawn_seq + 1))
+                self._spawn_seq = spawn_seq
             if step is not None:
                 # _push_step, inlined: this is the hot path.
                 ring = self._trace.get(eid)
@@ -635,13 +667,16 @@ class DictStore:
             stamp = "index" not in step
             if type(execution_id) is not str:
                 _hashable(execution_id, "execution_id")
+                self._mixed = True
             self._push_step(execution_id, step, stamp)
         finally:
             self._busy = False
 
     def _probe(self, eid: Hashable, processed_event_id: Hashable | None, ops: tuple[TimerOp, ...]) -> None:
         """Run the key lookups a commit is about to make, before it writes: where a
-        caller's key collides with a stored one its ``__eq__`` runs, and may raise."""
+        caller's key collides with a stored one, the ``__eq__`` of either runs and may
+        raise. Needed once any key is not an exact str (``_mixed``): two strs compare
+        without running code."""
         _ = eid in self._trace
         marks = self._processed.get(eid)
         if marks is not None and processed_event_id is not None:

@@ -299,6 +299,37 @@ def test_a_raising_eq(impl: Any, case: EqCase) -> None:
     assert_untouched(store, before)
 
 
+STR_EQ_CASES = [
+    EqCase("processed-id",
+           lambda s, e0: s.commit(a(s), [], e0),
+           lambda s, e0, k: s.commit(a(s), [(None, "x")], k)),
+    EqCase("schedule-path",
+           lambda s, e0: s.commit(a(s), [], None, [schedule(e0, 3.0)]),
+           lambda s, e0, k: s.commit(a(s), [(None, "x")], None, [schedule(k, 4.0)])),
+    EqCase("cancel-path",
+           lambda s, e0: s.commit(a(s), [], None, [schedule(e0, 3.0)]),
+           lambda s, e0, k: s.commit(a(s), [(None, "x")], None, [cancel(k)])),
+    EqCase("trace-id",
+           lambda s, e0: s.append_trace(e0, {}),
+           lambda s, e0, k: s.commit(Execution(id=k), [(None, "x")], trace={"s": 1})),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", STR_EQ_CASES, ids=[c.id for c in STR_EQ_CASES])
+def test_a_stored_key_that_raises_against_a_plain_str(impl: Any, case: EqCase) -> None:
+    """The caller's keys are all exact strs, which compare without running any code; the
+    key stored earlier is not, and its ``__eq__`` runs in the lookups of the write."""
+    store = impl.DictStore()
+    base(store)
+    e0 = EqRaises("k")
+    case.plant(store, e0)
+    before = view(store)
+    with pytest.raises(Refused):
+        case.call(store, e0, "k")
+    assert store.load("k") is None
+    assert_untouched(store, before)
+
+
 # --- ids of mixed types ---------------------------------------------------------------
 
 MIXED_IDS: list[Hashable] = [

@@ -104,7 +104,9 @@ def _outbox_entries(emits: Any, seq: int) -> list[OutboxEntry]:
 def _emit_pair(item: Any, i: int) -> tuple[Any, Any]:
     if type(item) is not tuple or len(item) != 2:
         if not isinstance(item, (tuple, list)) or len(item) != 2:
-            raise TypeError(f"emits[{i}] must be a (target_id, event) pair, got {type(item).__name__}")
+            raise TypeError(
+                f"emits[{i}] must be a (target_id, event) pair, got {type(item).__name__}"
+            )
         item = (item[0], item[1])
     target = item[0]
     if target is not None and type(target) is not str:
@@ -337,7 +339,9 @@ class DictStore:
             try:
                 eid = exe.id
             except AttributeError:
-                raise TypeError(f"an execution needs an `id` attribute, got {type(exe).__name__}") from None
+                raise TypeError(
+                    f"an execution needs an `id` attribute, got {type(exe).__name__}"
+                ) from None
             # Check everything, building the records as we go: what is written later is
             # what was checked, whatever caller code runs in between. The loops are the
             # exact-type fast paths; anything else takes the slow path.
@@ -401,7 +405,9 @@ class DictStore:
                         if type(child_id) is not str or type(context) is not dict:
                             break
                         spawn_seq += 1
-                        born.append(_new(SpawnEntry, (spawn_seq, eid, child_id, root_path, context.copy())))
+                        born.append(
+                            _new(SpawnEntry, (spawn_seq, eid, child_id, root_path, context.copy()))
+                        )
                     else:
                         done = True
                 except ValueError:
@@ -420,7 +426,9 @@ class DictStore:
             try:
                 prev = by_id.get(eid)
             except TypeError:
-                raise TypeError(f"execution id must be hashable, got {type(eid).__name__}") from None
+                raise TypeError(
+                    f"execution id must be hashable, got {type(eid).__name__}"
+                ) from None
             try:
                 version = exe.version
             except AttributeError:
@@ -672,7 +680,9 @@ class DictStore:
         finally:
             self._busy = False
 
-    def _probe(self, eid: Hashable, processed_event_id: Hashable | None, ops: tuple[TimerOp, ...]) -> None:
+    def _probe(
+        self, eid: Hashable, processed_event_id: Hashable | None, ops: tuple[TimerOp, ...]
+    ) -> None:
         """Run the key lookups a commit is about to make, before it writes: where a
         caller's key collides with a stored one, the ``__eq__`` of either runs and may
         raise. Needed once any key is not an exact str (``_mixed``): two strs compare

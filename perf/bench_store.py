@@ -50,6 +50,7 @@ IMPL_MODULES = {
     "spec": spec_port.__name__,
 }
 
+DRAIN_ORDERS = ("fifo", "reverse", "shuffled")
 COMMIT_CHUNK = 1_000  # typical commits per fresh store
 NOW = 1_700_000_000.0  # "now" for the timer cases, in epoch seconds
 LATER = NOW + 3600.0  # a fire_at that is never due
@@ -309,9 +310,10 @@ def time_trace_append_full(loops: int, impl: Impl, sizes: Sizes) -> float:
     return elapsed
 
 
-def time_drain(loops: int, impl: Impl, entries: int, reverse: bool) -> float:
-    """``pending_outbox`` then ``ack_outbox`` per entry, oldest or newest first;
-    inner_loops=entries, so pyperf reports the time per entry."""
+def time_drain(loops: int, impl: Impl, entries: int, order: str) -> float:
+    """``pending_outbox`` then ``ack_outbox`` per entry: oldest first (``fifo``), newest
+    first (``reverse``), or in a fixed random order (``shuffled``, shuffled before the
+    clock starts); inner_loops=entries, so pyperf reports the time per entry."""
     emits = [(f"exe-{i % 1000}", i) for i in range(entries)]
     exe = Execution(id="producer")
     total = 0.0
@@ -322,7 +324,11 @@ def time_drain(loops: int, impl: Impl, entries: int, reverse: bool) -> float:
         ack = store.ack_outbox
         t0 = perf_counter()
         pending = store.pending_outbox()
-        for entry in reversed(pending) if reverse else pending:
+        if order == "shuffled":
+            total += perf_counter() - t0
+            random.Random(entries).shuffle(pending)
+            t0 = perf_counter()
+        for entry in reversed(pending) if order == "reverse" else pending:
             ack(entry.seq)
         total += perf_counter() - t0
         if len(pending) != entries or store.pending_outbox():
@@ -407,9 +413,9 @@ def cases(impl: Impl, sizes: Sizes, executions: int) -> list[Case]:
         Case("commit_typical", time_commit_typical, (impl, sizes)),
         Case("trace_append_full", time_trace_append_full, (impl, sizes)),
     ]
-    for order in ("fifo", "reverse"):
+    for order in DRAIN_ORDERS:
         for n in drains:
-            args = (impl, n, order == "reverse")
+            args = (impl, n, order)
             suite.append(Case(f"drain_{order}_{_k(n)}", time_drain, args, n, "entry"))
     suite += [
         Case(f"due_timers_{_k(sizes.timers)}", time_due_timers, (impl, sizes)),

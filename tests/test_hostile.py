@@ -12,6 +12,7 @@ cases also run in a subprocess, so a crash fails a test instead of killing pytes
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import subprocess
@@ -660,6 +661,21 @@ def test_an_iterator_that_raises_midway(impl: Any, position: str, exc: type) -> 
     with pytest.raises(expected):
         ITERATOR_POSITIONS[position](store, raising_midway(ITEMS[position], exc))
     assert_untouched(store, before)
+
+
+def test_actions_built_at_run_time_act_like_the_literals(impl: Any) -> None:
+    """Equal strs that are not the interned literals (read from JSON, joined) take the
+    slow path of the timer check, and do what the literals do."""
+    schedule_, cancel_ = json.loads('["schedule", "cancel"]')
+    assert schedule_ == "schedule" and schedule_ is not sys.intern("schedule")
+    store = impl.DictStore()
+    exe = Execution(id="e")
+    joined = "sched-ule".replace("-", "")  # built at run time, not interned
+    store.commit(exe, [], None, [TimerOp(schedule_, "p", 1.0), TimerOp(joined, "q", 2.0)])
+    assert store.due_timers(5.0) == [("e", "p", 1.0), ("e", "q", 2.0)]
+    store.commit(exe, [], None, [TimerOp(cancel_, "p"), TimerOp(schedule_, "q", 3.0)])
+    assert store.due_timers(5.0) == [("e", "q", 3.0)]
+    assert store.stats()["timers"] == 1
 
 
 class NeverEqual(str):

@@ -3,7 +3,10 @@ signatures. Behaviour is compared by every other test, run on both."""
 
 from __future__ import annotations
 
+import ast
 import inspect
+import re
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -76,3 +79,40 @@ def test_trace_max_is_a_settable_attribute(
     for module in (pure_module, compiled_module):
         descriptor = inspect.getattr_static(module.DictStore, "trace_max")
         assert inspect.isdatadescriptor(descriptor), module.__name__
+
+
+# The compiled module's own helpers, which the pure one does without: C-level record
+# construction and untracking, the typed record classes, the heap walk, its version.
+COMPILED_ONLY = {
+    "_OutboxEntry", "_SpawnEntry", "_TimerOp", "_new3", "_new5", "_untracked", "_collect_due",
+    "__cython_version__",
+}  # fmt: skip
+PURE_ONLY = {"_new"}  # tuple.__new__, which the compiled module replaces with _new3/_new5
+PYX = Path(__file__).resolve().parents[1] / "harel_store" / "_store_c.pyx"
+PYX_NAME = re.compile(
+    r"^(?:cdef\s+(?:inline\s+)?(?:class\s+)?(?:[\w\[\]]+\s+)?|def\s+|class\s+)?(\w+)\s*[(:=]",
+    re.MULTILINE,
+)
+
+
+def top_level_names(source: str) -> list[str]:
+    names = []
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+            if isinstance(target, ast.Name):
+                names.append(target.id)
+    return names
+
+
+def test_the_pyx_mirrors_the_pure_module_name_for_name(pure_module: ModuleType) -> None:
+    """Module-level names of ``_store_c.pyx`` and ``_store_py.py``: the same, in the same
+    order, but for the helpers listed above."""
+    if not PYX.is_file():
+        pytest.skip(f"no source beside the tests ({PYX}): a run against an installed wheel")
+    pyx = [n for n in PYX_NAME.findall(PYX.read_text()) if n not in COMPILED_ONLY]
+    pure_source = Path(pure_module.__file__ or "").read_text()
+    pure = [n for n in top_level_names(pure_source) if n not in PURE_ONLY]
+    assert pyx == pure

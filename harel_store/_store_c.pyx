@@ -418,7 +418,9 @@ cdef class DictStore:
             except AttributeError:
                 raise TypeError(f"an execution needs an `id` attribute, got {type(exe).__name__}") from None
 
-            if type(emits) is list or type(emits) is tuple:
+            if emits is _EMPTY:
+                pass
+            elif type(emits) is list or type(emits) is tuple:
                 out = []
                 n = self._seq
                 for item in emits:
@@ -431,7 +433,7 @@ cdef class DictStore:
                         break
                     n += 1
                     out.append(_untracked(_new3(_OutboxEntry, n, target, (<tuple>item)[1]), 3))
-            if out is None:
+            if out is None and emits is not _EMPTY:
                 out = _outbox_entries(emits, self._seq)
             if processed_event_id is not None and type(processed_event_id) is not str:
                 _hashable(processed_event_id, "processed_event_id")

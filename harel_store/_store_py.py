@@ -346,9 +346,10 @@ class DictStore:
             # what was checked, whatever caller code runs in between. The loops are the
             # exact-type fast paths; anything else takes the slow path.
             seq = self._seq
-            out: list[OutboxEntry] = []
-            done = False
-            if type(emits) is list or type(emits) is tuple:
+            out: list[OutboxEntry] | tuple[()] = _EMPTY
+            done = emits is _EMPTY
+            if not done and (type(emits) is list or type(emits) is tuple):
+                out = []
                 try:
                     for item in emits:
                         if type(item) is not tuple:
@@ -393,10 +394,11 @@ class DictStore:
                         str_keys = False
                         break
             spawn_seq = self._spawn_seq
-            born: list[SpawnEntry] = []
+            born: list[SpawnEntry] | tuple[()] = _EMPTY
             done = spawns is _EMPTY
             if not done and (type(spawns) is list or type(spawns) is tuple):
                 # Exact dicts are copied here: dict.copy runs no caller code.
+                born = []
                 try:
                     for item in spawns:
                         if type(item) is not tuple:

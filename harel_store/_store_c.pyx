@@ -248,6 +248,15 @@ cdef class _Fifo:
         cdef object entries = self.entries
         cdef object first, last, e
         cdef set live
+        cdef Py_ssize_t size = len(entries)
+        if self.live is None and size:
+            # Identity: the int stored here is recognised without touching its memory.
+            if seq is (<tuple>entries[0])[0]:
+                self._popleft()
+                return 0
+            if seq is (<tuple>entries[size - 1])[0]:
+                entries.pop()
+                return 0
         if type(seq) is not int:
             seq = _as_int(seq, "seq")
         if self.live is None:

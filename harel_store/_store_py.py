@@ -203,10 +203,19 @@ class _Fifo:
         return [e for e in self.entries if e[0] in live]
 
     def ack(self, seq: Any) -> None:
-        if type(seq) is not int:
-            seq = _as_int(seq, "seq")
         entries = self.entries
         live = self.live
+        if live is None and entries:
+            # A relay acks with the seq of the entry it read: the very int stored here,
+            # recognised without reading it.
+            if seq is entries[0][0]:
+                entries.popleft()
+                return
+            if seq is entries[-1][0]:
+                entries.pop()
+                return
+        if type(seq) is not int:
+            seq = _as_int(seq, "seq")
         if live is None:
             if not entries:
                 return

@@ -90,6 +90,18 @@ cdef object _reentered(str name):
     )
 
 
+_EXE_ERRORS = {
+    "id": "an execution needs an `id` attribute, got {}",
+    "hash": "execution id must be hashable, got {}",
+    "version": "an execution needs a `version` attribute, got {}",
+    "writable": "the version of {} is not writable",
+}
+
+
+cdef object _bad_exe(str problem, object value):
+    return TypeError(_EXE_ERRORS[problem].format(type(value).__name__))
+
+
 cdef int _hashable(object value, str what, Py_ssize_t index=-1) except -1:
     try:
         hash(value)
@@ -400,6 +412,8 @@ cdef class DictStore:
         return self._by_id.get(execution_id)
 
     def save(self, exe):
+        if self._busy:
+            raise _reentered("save")
         self._commit(exe, _EMPTY, None, _EMPTY, _EMPTY, None)
 
     def commit(self, exe, emits, processed_event_id=None, timers=(), spawns=(), trace=None):
@@ -425,7 +439,7 @@ cdef class DictStore:
             try:
                 eid = exe.id
             except AttributeError:
-                raise TypeError(f"an execution needs an `id` attribute, got {type(exe).__name__}") from None
+                raise _bad_exe("id", exe) from None
 
             if emits is _EMPTY:
                 pass
@@ -503,13 +517,11 @@ cdef class DictStore:
             try:
                 prev = self._by_id.get(eid)
             except TypeError:
-                raise TypeError(f"execution id must be hashable, got {type(eid).__name__}") from None
+                raise _bad_exe("hash", eid) from None
             try:
                 version = exe.version
             except AttributeError:
-                raise TypeError(
-                    f"an execution needs a `version` attribute, got {type(exe).__name__}"
-                ) from None
+                raise _bad_exe("version", exe) from None
             if type(version) is not int:
                 version = _as_int(version, "execution version")
             if prev is not None and prev is not exe:
@@ -522,7 +534,7 @@ cdef class DictStore:
             try:
                 exe.version = version + 1
             except AttributeError:
-                raise TypeError(f"the version of {type(exe).__name__} is not writable") from None
+                raise _bad_exe("writable", exe) from None
             self._by_id[eid] = exe
 
             if out:

@@ -50,6 +50,19 @@ def _reentered(name: str) -> RuntimeError:
     )
 
 
+_EXE_ERRORS = {
+    "id": "an execution needs an `id` attribute, got {}",
+    "hash": "execution id must be hashable, got {}",
+    "version": "an execution needs a `version` attribute, got {}",
+    "writable": "the version of {} is not writable",
+}
+
+
+def _bad_exe(problem: str, value: Any) -> TypeError:
+    """What ``save`` and ``commit`` raise for an execution they cannot use."""
+    return TypeError(_EXE_ERRORS[problem].format(type(value).__name__))
+
+
 def _hashable(value: Any, what: str, index: int = -1) -> None:
     try:
         hash(value)
@@ -324,7 +337,37 @@ class DictStore:
         Raises :class:`StoreConflict` when a *different* object is stored under
         ``exe.id`` at a *different* version.
         """
-        self.commit(exe, _EMPTY)
+        # commit's CAS, alone: save is called on its own often enough to skip the rest.
+        if self._busy:
+            raise _reentered("save")
+        self._busy = True
+        try:
+            try:
+                eid = exe.id
+            except AttributeError:
+                raise _bad_exe("id", exe) from None
+            by_id = self._by_id
+            try:
+                prev = by_id.get(eid)
+            except TypeError:
+                raise _bad_exe("hash", eid) from None
+            try:
+                version = exe.version
+            except AttributeError:
+                raise _bad_exe("version", exe) from None
+            if type(version) is not int:
+                version = _as_int(version, "execution version")
+            if prev is not None and prev is not exe:
+                found = prev.version
+                if found != version:
+                    raise StoreConflict(eid, version, found)
+            try:
+                exe.version = version + 1
+            except AttributeError:
+                raise _bad_exe("writable", exe) from None
+            by_id[eid] = exe
+        finally:
+            self._busy = False
 
     def commit(
         self,
@@ -348,9 +391,7 @@ class DictStore:
             try:
                 eid = exe.id
             except AttributeError:
-                raise TypeError(
-                    f"an execution needs an `id` attribute, got {type(exe).__name__}"
-                ) from None
+                raise _bad_exe("id", exe) from None
             # Check everything, building the records as we go: what is written later is
             # what was checked, whatever caller code runs in between. The loops are the
             # exact-type fast paths; anything else takes the slow path.
@@ -437,15 +478,11 @@ class DictStore:
             try:
                 prev = by_id.get(eid)
             except TypeError:
-                raise TypeError(
-                    f"execution id must be hashable, got {type(eid).__name__}"
-                ) from None
+                raise _bad_exe("hash", eid) from None
             try:
                 version = exe.version
             except AttributeError:
-                raise TypeError(
-                    f"an execution needs a `version` attribute, got {type(exe).__name__}"
-                ) from None
+                raise _bad_exe("version", exe) from None
             if type(version) is not int:
                 version = _as_int(version, "execution version")
             if prev is not None and prev is not exe:
@@ -458,7 +495,7 @@ class DictStore:
             try:
                 exe.version = version + 1
             except AttributeError:
-                raise TypeError(f"the version of {type(exe).__name__} is not writable") from None
+                raise _bad_exe("writable", exe) from None
             by_id[eid] = exe
 
             if out:

@@ -357,7 +357,7 @@ class DictStore:
                 raise _bad_exe("version", exe) from None
             if type(version) is not int:
                 version = _as_int(version, "execution version")
-            if prev is not None and prev is not exe:
+            if prev is not exe and prev is not None:
                 found = prev.version
                 if found != version:
                     raise StoreConflict(eid, version, found)
@@ -416,7 +416,7 @@ class DictStore:
             if not done:
                 out = _outbox_entries(emits, self._seq)
                 seq = self._seq + len(out)
-            str_keys = True  # every key a str: the lookups below run no caller code
+            str_keys = type(eid) is str  # every key a str: lookups run no caller code
             if processed_event_id is not None and type(processed_event_id) is not str:
                 _hashable(processed_event_id, "processed_event_id")
                 str_keys = False
@@ -485,11 +485,11 @@ class DictStore:
                 raise _bad_exe("version", exe) from None
             if type(version) is not int:
                 version = _as_int(version, "execution version")
-            if prev is not None and prev is not exe:
+            if prev is not exe and prev is not None:
                 found = prev.version
                 if found != version:
                     raise StoreConflict(eid, version, found)
-            if not str_keys or type(eid) is not str or self._mixed:
+            if not str_keys or self._mixed:
                 self._probe(eid, processed_event_id, ops)
                 self._mixed = True
             try:
@@ -557,14 +557,15 @@ class DictStore:
             if step is not None:
                 # _push_step, inlined: this is the hot path.
                 ring = self._trace.get(eid)
-                if ring is None or ring.steps.maxlen != self._maxlen:
+                maxlen = self._maxlen
+                if ring is None or ring.steps.maxlen != maxlen:
                     ring = self._ring(eid)
                 index = ring.next_index
                 ring.next_index = index + 1
                 if stamp:
                     step["index"] = index
                 steps = ring.steps
-                if len(steps) != self._maxlen:
+                if len(steps) != maxlen:
                     self._n_steps += 1
                 steps.append(step)
         finally:

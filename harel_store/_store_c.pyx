@@ -290,9 +290,10 @@ cdef class _Fifo:
             return 0
         while entries and not PySet_Contains(live, (<tuple>entries[0])[0]):
             self._popleft()
-        if len(entries) > 2 * len(live) + _SLACK:
+        if not live:
+            self.live = None
+        elif len(entries) > 2 * len(live) + _SLACK:
             self._reset(deque([e for e in entries if PySet_Contains(live, (<tuple>e)[0])]))
-        if len(self.entries) == len(live):
             self.live = None
         return 0
 

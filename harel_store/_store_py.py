@@ -195,9 +195,8 @@ class _Fifo:
     either end is a pop and a seq outside the two ends is not pending. An ack anywhere
     else makes it sparse: ``live`` becomes the set of pending seqs, and acked entries
     stay in the deque until they reach its head or outnumber the pending ones, when the
-    deque is rebuilt. Once the deque holds only pending entries again, it is dense.
-    Every ack is O(1) amortized, whatever the order, and memory stays proportional to
-    what is pending.
+    deque is rebuilt. Emptied or rebuilt, it is dense again. Every ack is O(1) amortized,
+    whatever the order, and memory stays proportional to what is pending.
     """
 
     __slots__ = ("entries", "live")
@@ -246,9 +245,12 @@ class _Fifo:
         live.remove(seq)
         while entries and entries[0][0] not in live:
             entries.popleft()
-        if len(entries) > 2 * len(live) + _SLACK:
-            self.entries = entries = deque([e for e in entries if e[0] in live])
-        if len(entries) == len(live):
+        # Dense again only when empty or rebuilt: both follow at least as many acks as
+        # the set cost to build, so acks that keep landing in the middle stay O(1).
+        if not live:
+            self.live = None
+        elif len(entries) > 2 * len(live) + _SLACK:
+            self.entries = deque([e for e in entries if e[0] in live])
             self.live = None
 
 

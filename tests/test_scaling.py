@@ -60,7 +60,13 @@ FIFOS: dict[str, tuple[Fill, str, str]] = {
 }
 
 
-@pytest.mark.parametrize("order", ["reverse", "random"])
+def pairs_swapped(seqs: list[int]) -> list[int]:
+    """2, 1, 4, 3, ...: a relay that is almost in order, each ack just after its
+    neighbour's. Every first ack of a pair lands in the middle of the FIFO."""
+    return [seq for i in range(0, len(seqs), 2) for seq in reversed(seqs[i : i + 2])]
+
+
+@pytest.mark.parametrize("order", ["reverse", "random", "pairs"])
 @pytest.mark.parametrize("fifo", FIFOS)
 def test_acks_in_any_order_are_not_quadratic(impl: Any, fifo: str, order: str) -> None:
     """Acking n entries, timed against ``set.discard`` of the same seqs in the same order:
@@ -73,6 +79,8 @@ def test_acks_in_any_order_are_not_quadratic(impl: Any, fifo: str, order: str) -
         seqs = list(range(1, n + 1))
         if order == "reverse":
             seqs.reverse()
+        elif order == "pairs":
+            seqs = pairs_swapped(seqs)
         else:
             random.Random(n).shuffle(seqs)
         acks, reference = [], []
@@ -83,6 +91,32 @@ def test_acks_in_any_order_are_not_quadratic(impl: Any, fifo: str, order: str) -
             assert getattr(store, pending)() == []
             reference.append(time_calls(set(seqs).discard, seqs))
         return min(acks) / min(reference)
+
+    ratio = growth(cost, 1_000, 32_000, bound=8)
+    assert ratio < 8, f"per ack, 32x the entries cost {ratio:.1f}x as much"
+
+
+@pytest.mark.parametrize("fifo", FIFOS)
+def test_stale_acks_between_the_ends_are_not_quadratic(impl: Any, fifo: str) -> None:
+    """The newest entry is acked, more are committed, and from then on every ack of the
+    oldest entry is followed by a repeated ack of that first acked seq, which now lies
+    between the two ends: a no-op that must not cost in proportion to what is pending."""
+    fill, pending, ack = FIFOS[fifo]
+
+    def cost(n: int) -> float:
+        times, reference = [], []
+        for _ in range(3):
+            store = impl.DictStore()
+            exe = Execution(id="e1")
+            fill(store, exe, n)
+            ack_one = getattr(store, ack)
+            ack_one(n)
+            fill(store, exe, 1)
+            seqs = [seq for head in range(1, n) for seq in (head, n)]
+            times.append(time_calls(ack_one, seqs))
+            assert [e.seq for e in getattr(store, pending)()] == [n + 1]
+            reference.append(time_calls(set(seqs).discard, seqs))
+        return min(times) / min(reference)
 
     ratio = growth(cost, 1_000, 32_000, bound=8)
     assert ratio < 8, f"per ack, 32x the entries cost {ratio:.1f}x as much"

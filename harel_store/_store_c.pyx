@@ -536,7 +536,8 @@ cdef class DictStore:
                 exe.version = version + 1
             except AttributeError:
                 raise _bad_exe("writable", exe) from None
-            self._by_id[eid] = exe
+            if prev is not exe:
+                self._by_id[eid] = exe
 
             if out:
                 self._outbox.extend(out)

@@ -398,24 +398,25 @@ class DictStore:
             # what was checked, whatever caller code runs in between. The loops are the
             # exact-type fast paths; anything else takes the slow path.
             seq = self._seq
-            out: list[OutboxEntry] | tuple[()] = _EMPTY
-            done = emits is _EMPTY
-            if not done and (type(emits) is list or type(emits) is tuple):
+            out: list[OutboxEntry] | None
+            if type(emits) is list or type(emits) is tuple:
                 out = []
                 try:
                     for item in emits:
                         if type(item) is not tuple:
+                            out = None
                             break
                         target, event = item
                         if target is not None and type(target) is not str:
+                            out = None
                             break
                         seq += 1
                         out.append(_new(OutboxEntry, (seq, target, event)))
-                    else:
-                        done = True
                 except ValueError:  # an item that is not a pair: the slow path names it
-                    pass
-            if not done:
+                    out = None
+            else:
+                out = None
+            if out is None:
                 out = _outbox_entries(emits, self._seq)
                 seq = self._seq + len(out)
             str_keys = type(eid) is str  # every key a str: lookups run no caller code
@@ -434,39 +435,39 @@ class DictStore:
                         ops = _timer_ops(ops)
                         str_keys = False
                         break
-                    action = op[0]
-                    if action is _SCHEDULE:
+                    if op[0] is _SCHEDULE:
                         fire_at = op[2]
                         if type(fire_at) is not float or fire_at - fire_at != 0.0:
                             ops = _timer_ops(ops)
                             str_keys = False
                             break
-                    elif action is not _CANCEL:
+                    elif op[0] is not _CANCEL:
                         ops = _timer_ops(ops)
                         str_keys = False
                         break
             spawn_seq = self._spawn_seq
-            born: list[SpawnEntry] | tuple[()] = _EMPTY
-            done = spawns is _EMPTY
-            if not done and (type(spawns) is list or type(spawns) is tuple):
+            born: list[SpawnEntry] | None
+            if type(spawns) is list or type(spawns) is tuple:
                 # Exact dicts are copied here: dict.copy runs no caller code.
                 born = []
                 try:
                     for item in spawns:
                         if type(item) is not tuple:
+                            born = None
                             break
                         child_id, root_path, context = item
                         if type(child_id) is not str or type(context) is not dict:
+                            born = None
                             break
                         spawn_seq += 1
                         born.append(
                             _new(SpawnEntry, (spawn_seq, eid, child_id, root_path, context.copy()))
                         )
-                    else:
-                        done = True
                 except ValueError:
-                    pass
-            if not done:
+                    born = None
+            else:
+                born = None
+            if born is None:
                 born = _spawn_entries(spawns, eid, self._spawn_seq)
                 spawn_seq = self._spawn_seq + len(born)
             if trace is None:
@@ -498,7 +499,8 @@ class DictStore:
                 exe.version = version + 1
             except AttributeError:
                 raise _bad_exe("writable", exe) from None
-            by_id[eid] = exe
+            if prev is not exe:
+                by_id[eid] = exe
 
             if out:
                 fifo = self._outbox

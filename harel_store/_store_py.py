@@ -398,8 +398,10 @@ class DictStore:
             # what was checked, whatever caller code runs in between. The loops are the
             # exact-type fast paths; anything else takes the slow path.
             seq = self._seq
-            out: list[OutboxEntry] | None
-            if type(emits) is list or type(emits) is tuple:
+            out: list[OutboxEntry] | tuple[()] | None
+            if emits is _EMPTY:
+                out = _EMPTY
+            elif type(emits) is list or type(emits) is tuple:
                 out = []
                 try:
                     for item in emits:
@@ -446,8 +448,10 @@ class DictStore:
                         str_keys = False
                         break
             spawn_seq = self._spawn_seq
-            born: list[SpawnEntry] | None
-            if type(spawns) is list or type(spawns) is tuple:
+            born: list[SpawnEntry] | tuple[()] | None
+            if spawns is _EMPTY:
+                born = _EMPTY
+            elif type(spawns) is list or type(spawns) is tuple:
                 # Exact dicts are copied here: dict.copy runs no caller code.
                 born = []
                 try:

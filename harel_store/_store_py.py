@@ -367,7 +367,8 @@ class DictStore:
                 exe.version = version + 1
             except AttributeError:
                 raise _bad_exe("writable", exe) from None
-            by_id[eid] = exe
+            if prev is not exe:
+                by_id[eid] = exe
         finally:
             self._busy = False
 

@@ -426,10 +426,27 @@ class DictStore:
             if processed_event_id is not None and type(processed_event_id) is not str:
                 _hashable(processed_event_id, "processed_event_id")
                 str_keys = False
-            ops: tuple[Any, ...]
-            if timers is _EMPTY:
-                ops = _EMPTY
-            else:
+            ops: tuple[Any, ...] = _EMPTY
+            # One op, the common case, is unpacked once into locals: no snapshot, no loop.
+            one = None
+            if (
+                timers is not _EMPTY
+                and (type(timers) is list or type(timers) is tuple)
+                and len(timers) == 1
+            ):
+                one = timers[0]
+                if type(one) is not TimerOp:
+                    one = None
+                else:
+                    action, path, fire_at = one
+                    if type(path) is not str:
+                        one = None
+                    elif action is _SCHEDULE:
+                        if type(fire_at) is not float or fire_at - fire_at != 0.0:
+                            one = None
+                    elif action is not _CANCEL:
+                        one = None
+            if one is None and timers is not _EMPTY:
                 ops = tuple(timers) if type(timers) is list else _snapshot(timers, "timers")
                 for op in ops:
                     # Actions are compared by identity: string constants in a caller's
@@ -498,7 +515,7 @@ class DictStore:
                 if found != version:
                     raise StoreConflict(eid, version, found)
             if not str_keys or self._mixed:
-                self._probe(eid, processed_event_id, ops)
+                self._probe(eid, processed_event_id, ops if one is None else (one,))
                 self._mixed = True
             try:
                 exe.version = version + 1
@@ -521,6 +538,15 @@ class DictStore:
                 elif processed_event_id not in marks:
                     marks.add(processed_event_id)
                     self._n_marks += 1
+            if one is not None:
+                paths = self._timers.get(eid)
+                old = None if paths is None else paths.get(path)
+                if old is not None and action is _SCHEDULE and not old[4]:
+                    self._timer_seq = n = self._timer_seq + 1
+                    old[0] = fire_at  # not in the heap yet: re-arm in place
+                    old[1] = n
+                else:
+                    ops = (one,)
             if ops:
                 timers_ = self._timers
                 paths = timers_.get(eid)

@@ -181,6 +181,11 @@ BAD_ARGS = [
     {"timers": [TimerOp("schedule", "q", 2.0), TimerOp("schedule", "p", math.nan)]},
     {"timers": [TimerOp("cancel", "q"), TimerOp._make(("reset", "p", 1.0))]},
     {"timers": [TimerOp("schedule", "q", 2.0), ("schedule", "p", 1.0)]},
+    # One op alone takes its own fast path in the pure store.
+    {"timers": [TimerOp("schedule", "p", math.inf)]},
+    {"timers": (TimerOp._make(("reset", "p", 1.0)),)},
+    {"timers": [TimerOp("schedule", ["p"], 1.0)]},
+    {"timers": [("schedule", "p", 1.0)]},
     {"spawns": [("c1", "r", {}), ("c2", "r", [("x", 1)])]},
     {"trace": [("n", 1)]},
 ]

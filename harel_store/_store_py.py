@@ -427,44 +427,42 @@ class DictStore:
                 _hashable(processed_event_id, "processed_event_id")
                 str_keys = False
             ops: tuple[Any, ...] = _EMPTY
-            # One op, the common case, is unpacked once into locals: no snapshot, no loop.
             one = None
-            if (
-                timers is not _EMPTY
-                and (type(timers) is list or type(timers) is tuple)
-                and len(timers) == 1
-            ):
-                one = timers[0]
-                if type(one) is not TimerOp:
-                    one = None
-                else:
-                    action, path, fire_at = one
-                    if type(path) is not str:
+            if timers is not _EMPTY:
+                if (type(timers) is list or type(timers) is tuple) and len(timers) == 1:
+                    # One op, the common case, is unpacked once into locals: no snapshot
+                    # and no loop. Anything unusual about it takes the general path below.
+                    one = timers[0]
+                    if type(one) is not TimerOp:
                         one = None
-                    elif action is _SCHEDULE:
-                        if type(fire_at) is not float or fire_at - fire_at != 0.0:
+                    else:
+                        action, path, fire_at = one
+                        if type(path) is not str:
                             one = None
-                    elif action is not _CANCEL:
-                        one = None
-            if one is None and timers is not _EMPTY:
-                ops = tuple(timers) if type(timers) is list else _snapshot(timers, "timers")
-                for op in ops:
-                    # Actions are compared by identity: string constants in a caller's
-                    # code are interned; any other action takes the slow path.
-                    if type(op) is not TimerOp or type(op[1]) is not str:
-                        ops = _timer_ops(ops)
-                        str_keys = False
-                        break
-                    if op[0] is _SCHEDULE:
-                        fire_at = op[2]
-                        if type(fire_at) is not float or fire_at - fire_at != 0.0:
+                        elif action is _SCHEDULE:
+                            if type(fire_at) is not float or fire_at - fire_at != 0.0:
+                                one = None
+                        elif action is not _CANCEL:
+                            one = None
+                if one is None:
+                    ops = tuple(timers) if type(timers) is list else _snapshot(timers, "timers")
+                    for op in ops:
+                        # Actions are compared by identity: string constants in a caller's
+                        # code are interned; any other action takes the slow path.
+                        if type(op) is not TimerOp or type(op[1]) is not str:
                             ops = _timer_ops(ops)
                             str_keys = False
                             break
-                    elif op[0] is not _CANCEL:
-                        ops = _timer_ops(ops)
-                        str_keys = False
-                        break
+                        if op[0] is _SCHEDULE:
+                            fire_at = op[2]
+                            if type(fire_at) is not float or fire_at - fire_at != 0.0:
+                                ops = _timer_ops(ops)
+                                str_keys = False
+                                break
+                        elif op[0] is not _CANCEL:
+                            ops = _timer_ops(ops)
+                            str_keys = False
+                            break
             spawn_seq = self._spawn_seq
             born: list[SpawnEntry] | tuple[()] | None
             if spawns is _EMPTY:

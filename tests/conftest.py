@@ -189,3 +189,51 @@ def make_any_store(request: pytest.FixtureRequest, impl: Impl) -> Callable[..., 
 @pytest.fixture
 def any_store(make_any_store: Callable[..., Any]) -> Any:
     return make_any_store()
+
+
+# The conformance suite: one fixture that makes stores of every kind. A contract test
+# takes `make_store` (or `cstore`) and decides what to expect from the capability
+# attributes `preserves_identity` and `durable`, never from the kind's name. Each kind is
+# a function (request, tmp_path) -> factory; a factory called twice in one test gives
+# two store objects on the same database (for a memory kind: two independent stores).
+def _memory_kind(name: str, asynchronous: bool) -> Callable[..., Any]:
+    def kind(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., Any]:
+        impl = load_impl(name)
+        if not asynchronous:
+            return impl.DictStore
+        return lambda **kwargs: AsyncAsSync(impl.AsyncDictStore(**kwargs))
+
+    return kind
+
+
+STORE_KINDS: dict[str, Callable[..., Any]] = {
+    "memory-pure": _memory_kind("pure", False),
+    "memory-compiled": _memory_kind("compiled", False),
+    "memory-pure-async": _memory_kind("pure", True),
+}
+_KIND_MARKS: dict[str, list[Any]] = {"memory-compiled": [pytest.mark.compiled]}
+STORE_KIND_PARAMS = [
+    pytest.param(name, id=name, marks=_KIND_MARKS.get(name, [])) for name in STORE_KINDS
+]
+
+
+@pytest.fixture(params=STORE_KIND_PARAMS)
+def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """A factory of stores of one kind; every store it made is closed after the test."""
+    factory = STORE_KINDS[request.param](request, tmp_path)
+    made: list[Any] = []
+
+    def make(**options: Any) -> Any:
+        store = factory(**options)
+        made.append(store)
+        return store
+
+    yield make
+    for store in reversed(made):
+        store.close()
+
+
+@pytest.fixture
+def cstore(make_store: Callable[..., Any]) -> Any:
+    """One store of the kind under test."""
+    return make_store()

@@ -1,0 +1,266 @@
+"""The checks that decide what a store may write, written once for every store in
+Python: the pure ``DictStore`` takes its slow paths here, and the durable stores check
+every call here. (The compiled ``DictStore`` keeps a typed twin of these functions, held
+to the same messages by the parity and differential tests.)
+
+Each function either returns the value in the form the store writes, or raises a
+``TypeError``/``ValueError`` that names the bad item. None of them writes anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from sys import maxsize as MAX_SIZE
+from typing import Any, NamedTuple
+
+from ._records import OutboxEntry, SpawnEntry, TimerOp
+
+_new = tuple.__new__
+SCHEDULE = "schedule"
+CANCEL = "cancel"
+
+EXE_ERRORS = {
+    "id": "an execution needs an `id` attribute, got {}",
+    "hash": "execution id must be hashable, got {}",
+    "version": "an execution needs a `version` attribute, got {}",
+    "writable": "the version of {} is not writable",
+}
+
+
+def bad_exe(problem: str, value: Any) -> TypeError:
+    """What ``save`` and ``commit`` raise for an execution they cannot use."""
+    return TypeError(EXE_ERRORS[problem].format(type(value).__name__))
+
+
+def reentered(name: str) -> RuntimeError:
+    return RuntimeError(
+        f"DictStore.{name}() was called while another call of the same store was running "
+        "(from a caller's __hash__, __eq__, iterator or property): one writer at a time"
+    )
+
+
+def inconsistent(what: str) -> RuntimeError:
+    """A key that compared unequal to every stored key, then equal to one."""
+    return RuntimeError(
+        f"{what} changed its hash or equality during the call: nothing was written"
+    )
+
+
+def hashable(value: Any, what: str, index: int = -1) -> None:
+    try:
+        hash(value)
+    except TypeError:
+        what = what % index if index >= 0 else what
+        raise TypeError(f"{what} must be hashable, got {type(value).__name__}") from None
+
+
+def as_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, got {type(value).__name__}")
+    return int(value)
+
+
+def as_time(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a real number (epoch seconds), got {type(value).__name__}")
+    try:
+        return float(value)
+    except OverflowError:
+        return float("inf") if value > 0 else float("-inf")
+
+
+def as_now(value: Any) -> float:
+    """``now`` of a sweep: a real number, not NaN (infinities are fine: all or none due)."""
+    now = value if type(value) is float else as_time(value, "now")
+    if now != now:
+        raise ValueError("now must be a number, got nan")
+    return now
+
+
+def as_trace_max(value: Any) -> int | None:
+    if value is None:
+        return None
+    size = as_int(value, "trace_max")
+    if not 0 <= size <= MAX_SIZE:
+        raise ValueError(f"trace_max must be None or between 0 and {MAX_SIZE}, got {size}")
+    return size
+
+
+def as_commit_id(value: Any) -> str:
+    if type(value) is not str:
+        if not isinstance(value, str):
+            raise TypeError(f"commit_id must be a str, got {type(value).__name__}")
+        value = str(value)
+    return value
+
+
+def as_epoch(value: Any) -> int:
+    if type(value) is not int:
+        value = as_int(value, "epoch")
+    if value < 0:
+        raise ValueError(f"epoch must be at least 0, got {value}")
+    return value
+
+
+def as_limit(value: Any) -> int:
+    if type(value) is not int:
+        value = as_int(value, "limit")
+    if value < 0:
+        raise ValueError(f"limit must be at least 0, got {value}")
+    return value
+
+
+def as_lease(value: Any) -> float:
+    lease = value if type(value) is float else as_time(value, "lease")
+    if not lease >= 0.0 or lease == float("inf"):
+        raise ValueError(f"lease must be a finite number of seconds, at least 0, got {value!r}")
+    return lease
+
+
+def snapshot(iterable: Any, what: str) -> tuple[Any, ...]:
+    """The items as a tuple, so caller code run later cannot change what was checked."""
+    if type(iterable) is tuple:
+        return iterable
+    if type(iterable) is list:
+        return tuple(iterable)
+    try:
+        iterator = iter(iterable)
+    except TypeError:
+        raise TypeError(f"{what} must be an iterable, got {type(iterable).__name__}") from None
+    return tuple(iterator)
+
+
+def outbox_entries(emits: Any, seq: int) -> list[OutboxEntry]:
+    """The records for checked ``(target_id, event)`` pairs, seqs from ``seq + 1``."""
+    pairs = snapshot(emits, "emits")
+    return [_new(OutboxEntry, (seq + i + 1, *emit_pair(item, i))) for i, item in enumerate(pairs)]
+
+
+def emit_pair(item: Any, i: int) -> tuple[Any, Any]:
+    if type(item) is not tuple or len(item) != 2:
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise TypeError(
+                f"emits[{i}] must be a (target_id, event) pair, got {type(item).__name__}"
+            )
+        item = (item[0], item[1])
+    target = item[0]
+    if target is not None and type(target) is not str:
+        hashable(target, "emits[%d] target_id", i)
+    return item  # type: ignore[no-any-return]
+
+
+def timer_ops(ops: tuple[Any, ...]) -> tuple[TimerOp, ...]:
+    """Each op made a ``TimerOp`` with an exact action and, for a schedule, a finite float
+    ``fire_at``."""
+    return tuple([timer_op(op, i) for i, op in enumerate(ops)])
+
+
+def timer_op(op: Any, i: int) -> TimerOp:
+    if isinstance(op, tuple):
+        if len(op) != 3:
+            raise TypeError(
+                f"timers[{i}] must be a TimerOp (action, path, fire_at), "
+                f"got a {type(op).__name__} of {len(op)} items"
+            )
+        if type(op) is TimerOp:
+            action, path, fire_at = op
+        else:
+            action, path, fire_at = _timer_fields(op, i)
+    else:
+        action, path, fire_at = _timer_fields(op, i)
+    if type(path) is not str:
+        hashable(path, "timers[%d].path", i)
+    if action == "schedule":
+        if type(fire_at) is not float:
+            fire_at = as_time(fire_at, f"timers[{i}].fire_at")
+        if fire_at - fire_at != 0.0:
+            raise ValueError(f"timers[{i}].fire_at must be finite, got {fire_at!r}")
+        return _new(TimerOp, (SCHEDULE, path, fire_at))
+    if action == "cancel":
+        return _new(TimerOp, (CANCEL, path, None))
+    raise ValueError(f"timers[{i}].action must be 'schedule' or 'cancel', got {action!r}")
+
+
+def _timer_fields(op: Any, i: int) -> tuple[Any, Any, Any]:
+    try:
+        return op.action, op.path, op.fire_at
+    except AttributeError:
+        raise TypeError(
+            f"timers[{i}] must be a TimerOp (action, path, fire_at), got {type(op).__name__}"
+        ) from None
+
+
+def spawn_entries(spawns: Any, parent_id: Any, seq: int) -> list[SpawnEntry]:
+    """The records for checked ``(child_id, root_path, context)`` triples, seqs from
+    ``seq + 1``, each context copied."""
+    items: list[SpawnEntry] = []
+    for item in snapshot(spawns, "spawns"):
+        i = len(items)
+        if (type(item) is not tuple or len(item) != 3) and (
+            not isinstance(item, (tuple, list)) or len(item) != 3
+        ):
+            raise TypeError(
+                f"spawns[{i}] must be a (child_id, root_path, context) triple, got {type(item).__name__}"
+            )
+        child_id, root_path, context = item
+        if type(child_id) is not str:
+            hashable(child_id, "spawns[%d] child_id", i)
+        if type(context) is dict:
+            context = context.copy()
+        elif isinstance(context, Mapping):
+            context = dict(context)
+        else:
+            raise TypeError(f"spawns[{i}] context must be a mapping, got {type(context).__name__}")
+        items.append(_new(SpawnEntry, (seq + i + 1, parent_id, child_id, root_path, context)))
+    return items
+
+
+def trace_step(entry: Any, what: str) -> dict[Any, Any]:
+    if type(entry) is dict:
+        return entry.copy()
+    if isinstance(entry, Mapping):
+        return dict(entry)
+    raise TypeError(f"{what} must be a mapping, got {type(entry).__name__}")
+
+
+def str_id(value: Any, what: str) -> str:
+    """Ids of a durable store are ``str``, as the specification types them."""
+    if type(value) is not str:
+        raise TypeError(f"{what} must be a str in a durable store, got {type(value).__name__}")
+    return value
+
+
+class Body(NamedTuple):
+    """A commit's input, checked and normalized: what a durable store writes, and what a
+    replayed ``commit_id`` is compared with."""
+
+    emits: tuple[tuple[Any, Any], ...]
+    processed_event_id: Any
+    timers: tuple[TimerOp, ...]
+    spawns: tuple[tuple[Any, Any, dict[Any, Any]], ...]
+    trace: dict[Any, Any] | None
+
+
+def commit_body(
+    emits: Any, processed_event_id: Any, timers: Any, spawns: Any, trace: Any, *, str_ids: bool
+) -> Body:
+    """Check a whole commit body as every store does; ``str_ids`` adds the durable
+    stores' rule that event ids, child ids, target ids and timer paths are ``str``."""
+    pairs = tuple([(e.target_id, e.event) for e in outbox_entries(emits, 0)])
+    if processed_event_id is not None:
+        if str_ids:
+            str_id(processed_event_id, "processed_event_id")
+        else:
+            hashable(processed_event_id, "processed_event_id")
+    ops = timer_ops(snapshot(timers, "timers"))
+    born = tuple([(s.child_id, s.root_path, s.context) for s in spawn_entries(spawns, None, 0)])
+    step = None if trace is None else trace_step(trace, "trace")
+    if str_ids:
+        for i, (target, _) in enumerate(pairs):
+            if target is not None:
+                str_id(target, f"emits[{i}] target_id")
+        for i, op in enumerate(ops):
+            str_id(op.path, f"timers[{i}].path")
+        for i, (child_id, _, _) in enumerate(born):
+            str_id(child_id, f"spawns[{i}] child_id")
+    return Body(pairs, processed_event_id, ops, born, step)

@@ -1,12 +1,13 @@
 """harel_store: the execution store of a Harel-statechart workflow engine."""
 
 from ._aio import AsyncDictStore
-from ._errors import StoreConflict
+from ._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError
+from ._open import open_async_store, open_store
 from ._protocols import AsyncExecutionStore, ExecutionStore
 from ._records import DEFAULT_TRACE_MAX, Execution, OutboxEntry, SpawnEntry, TimerOp
 from ._store import IMPLEMENTATION, DictStore
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "DEFAULT_TRACE_MAX",
@@ -16,9 +17,14 @@ __all__ = [
     "DictStore",
     "Execution",
     "ExecutionStore",
+    "IdempotencyConflict",
     "OutboxEntry",
     "SpawnEntry",
+    "StaleWriter",
     "StoreConflict",
+    "StoreError",
     "TimerOp",
     "__version__",
+    "open_async_store",
+    "open_store",
 ]

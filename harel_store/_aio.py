@@ -7,7 +7,7 @@ lock is needed. The logic lives once, in the sync store.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, ClassVar
 
 from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
@@ -20,9 +20,25 @@ class AsyncDictStore:
     __slots__ = ("_store",)
 
     _sync_type: ClassVar[type[Any]] = DictStore
+    preserves_identity = True
+    durable = False
 
-    def __init__(self, *, trace_max: int | None = DEFAULT_TRACE_MAX) -> None:
-        self._store = self._sync_type(trace_max=trace_max)
+    def __init__(
+        self,
+        *,
+        trace_max: int | None = DEFAULT_TRACE_MAX,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self._store = self._sync_type(trace_max=trace_max, clock=clock)
+
+    async def __aenter__(self) -> AsyncDictStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return self._store.__reduce_ex__(protocol)  # refuses
 
     @property
     def trace_max(self) -> int | None:
@@ -36,8 +52,8 @@ class AsyncDictStore:
     async def load(self, execution_id: Hashable) -> Any:
         return self._store.load(execution_id)
 
-    async def save(self, exe: Any) -> None:
-        self._store.save(exe)
+    async def save(self, exe: Any, *, epoch: int | None = None) -> None:
+        self._store.save(exe, epoch=epoch)
 
     async def commit(
         self,
@@ -47,8 +63,13 @@ class AsyncDictStore:
         timers: Iterable[TimerOp] = (),
         spawns: Iterable[tuple[Hashable, Any, Mapping[Any, Any]]] = (),
         trace: Mapping[str, Any] | None = None,
+        *,
+        commit_id: str | None = None,
+        epoch: int | None = None,
     ) -> None:
-        self._store.commit(exe, emits, processed_event_id, timers, spawns, trace)
+        self._store.commit(
+            exe, emits, processed_event_id, timers, spawns, trace, commit_id=commit_id, epoch=epoch
+        )
 
     async def is_processed(self, execution_id: Hashable, event_id: Hashable) -> bool:
         return self._store.is_processed(execution_id, event_id)  # type: ignore[no-any-return]
@@ -59,14 +80,25 @@ class AsyncDictStore:
     async def ack_outbox(self, seq: int) -> None:
         self._store.ack_outbox(seq)
 
+    async def claim_outbox(self, limit: int = 100, *, lease: float = 30.0) -> list[OutboxEntry]:
+        return self._store.claim_outbox(limit, lease=lease)  # type: ignore[no-any-return]
+
     async def pending_spawns(self) -> list[SpawnEntry]:
         return self._store.pending_spawns()  # type: ignore[no-any-return]
 
     async def ack_spawn(self, seq: int) -> None:
         self._store.ack_spawn(seq)
 
+    async def claim_spawns(self, limit: int = 100, *, lease: float = 30.0) -> list[SpawnEntry]:
+        return self._store.claim_spawns(limit, lease=lease)  # type: ignore[no-any-return]
+
     async def due_timers(self, now: float) -> list[tuple[Hashable, Hashable, float]]:
         return self._store.due_timers(now)  # type: ignore[no-any-return]
+
+    async def claim_due_timers(
+        self, now: float, limit: int = 100, *, lease: float = 30.0
+    ) -> list[tuple[Hashable, Hashable, float]]:
+        return self._store.claim_due_timers(now, limit, lease=lease)  # type: ignore[no-any-return]
 
     async def delete_timer(self, execution_id: Hashable, path: Hashable, fire_at: float) -> None:
         self._store.delete_timer(execution_id, path, fire_at)

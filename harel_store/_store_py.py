@@ -3,189 +3,52 @@ the compiled ``_store_c`` is not built. ``_store_c.pyx`` mirrors it name for nam
 
 Layout, against the specification's:
 
-- ``_by_id``: id -> the live execution object (as specified).
+- ``_slots``: id -> :class:`_Slot`, everything the store holds for one execution: the
+  live object (as the specification's ``_by_id``), its processed marks, armed timers,
+  trace ring, commit ids and writer epoch. One lookup finds all of it, and one dict entry
+  is all that a write adds or :meth:`DictStore.forget` removes under a caller's key.
 - ``_outbox``/``_spawns``: :class:`_Fifo`, a deque in seq order; acks at either end pop
   it, and only acks elsewhere bring in a set of the pending seqs, so acks in any order
-  are O(1) amortized and the common ones touch nothing but the deque.
-- ``_processed``: id -> set of handled event ids, so :meth:`DictStore.forget` can drop an
-  execution's marks without scanning the others.
-- ``_timers``: id -> {path: entry}, an entry being ``[fire_at, arm order, id, path,
+  are O(1) amortized and the common ones touch nothing but the deque. The first claim
+  adds what claims need (the never-claimed entries, the live leases).
+- timers: each slot maps path -> entry, an entry being ``[fire_at, arm order, id, path,
   in heap]``. ``_heap`` orders entries by ``(fire_at, arm order)``; entries armed since
-  the last sweep wait in ``_armed`` and join the heap when ``due_timers`` runs, so a
-  timer re-armed between sweeps (the common case: every state entry re-arms) is updated
-  in place. Re-arming or cancelling a timer already in the heap marks its entry dead
+  the last sweep wait in ``_armed`` and join the heap when a sweep runs, so a timer
+  re-armed between sweeps (the common case: every state entry re-arms) is updated in
+  place. Re-arming or cancelling a timer already in the heap marks its entry dead
   instead of searching the heap for it; dead entries are dropped when they reach the top
-  and everything is rebuilt once they outnumber live ones.
-- ``_trace``: id -> :class:`_Ring`, a deque bounded by ``trace_max`` plus the id's next
-  monotonic step index.
+  and everything is rebuilt once they outnumber live ones. A claimed timer waits in
+  ``_leased`` until its lease runs out.
 
-Every mutating method checks all of its input, and runs all the caller's code (``hash``,
-``__eq__``, mapping methods, iterators), before it writes anything. ``commit`` builds the
-records it will enqueue while it checks, so what it writes is what it checked.
+All or nothing: every mutating method checks its input and runs the caller's code
+(``hash``, ``__eq__``, mapping methods, iterators, properties) before it writes. The only
+caller code left in a write phase is one insert under a caller's key (a new slot, or a
+processed mark) and the ``version`` setter; the insert comes first, and if the setter
+raises it is undone with ``dict.popitem``, which removes the last insert without hashing.
+Timer paths that are not exact ``str`` (whose lookups could run code) are changed on a
+copy of the execution's timer table, made before the first write.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from heapq import heapify, heappop, heappush
-from sys import maxsize as _MAX_SIZE
+from time import monotonic
 from typing import Any
 
-from ._errors import StoreConflict
+from . import _checks
+from ._errors import IdempotencyConflict, StaleWriter, StoreConflict
 from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
 
 _new = tuple.__new__
-_DEAD: Any = object()  # the id slot of a heap entry whose timer is no longer armed
-_SLACK = 64  # dead heap entries / acked FIFO entries tolerated before a rebuild
+_DEAD: Any = object()  # the id slot of a timer entry that is no longer armed
+_SLACK = 64  # dead or stale entries tolerated before a rebuild
 _EMPTY: tuple[Any, ...] = ()
 _SCHEDULE = "schedule"
 _CANCEL = "cancel"
-
-
-def _reentered(name: str) -> RuntimeError:
-    return RuntimeError(
-        f"DictStore.{name}() was called while another call of the same store was running "
-        "(from a caller's __hash__, __eq__, iterator or property): one writer at a time"
-    )
-
-
-_EXE_ERRORS = {
-    "id": "an execution needs an `id` attribute, got {}",
-    "hash": "execution id must be hashable, got {}",
-    "version": "an execution needs a `version` attribute, got {}",
-    "writable": "the version of {} is not writable",
-}
-
-
-def _bad_exe(problem: str, value: Any) -> TypeError:
-    """What ``save`` and ``commit`` raise for an execution they cannot use."""
-    return TypeError(_EXE_ERRORS[problem].format(type(value).__name__))
-
-
-def _hashable(value: Any, what: str, index: int = -1) -> None:
-    try:
-        hash(value)
-    except TypeError:
-        what = what % index if index >= 0 else what
-        raise TypeError(f"{what} must be hashable, got {type(value).__name__}") from None
-
-
-def _as_int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{what} must be an int, got {type(value).__name__}")
-    return int(value)
-
-
-def _as_time(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{what} must be a real number (epoch seconds), got {type(value).__name__}")
-    try:
-        return float(value)
-    except OverflowError:
-        return float("inf") if value > 0 else float("-inf")
-
-
-def _as_trace_max(value: Any) -> int | None:
-    if value is None:
-        return None
-    size = _as_int(value, "trace_max")
-    if not 0 <= size <= _MAX_SIZE:
-        raise ValueError(f"trace_max must be None or between 0 and {_MAX_SIZE}, got {size}")
-    return size
-
-
-def _snapshot(iterable: Any, what: str) -> tuple[Any, ...]:
-    """The items as a tuple, so caller code run later cannot change what was checked."""
-    if type(iterable) is tuple:
-        return iterable
-    if type(iterable) is list:
-        return tuple(iterable)
-    try:
-        iterator = iter(iterable)
-    except TypeError:
-        raise TypeError(f"{what} must be an iterable, got {type(iterable).__name__}") from None
-    return tuple(iterator)
-
-
-def _outbox_entries(emits: Any, seq: int) -> list[OutboxEntry]:
-    """The slow path of ``commit``'s emit check: the records for checked pairs."""
-    pairs = _snapshot(emits, "emits")
-    return [_new(OutboxEntry, (seq + i + 1, *_emit_pair(item, i))) for i, item in enumerate(pairs)]
-
-
-def _emit_pair(item: Any, i: int) -> tuple[Any, Any]:
-    if type(item) is not tuple or len(item) != 2:
-        if not isinstance(item, (tuple, list)) or len(item) != 2:
-            raise TypeError(
-                f"emits[{i}] must be a (target_id, event) pair, got {type(item).__name__}"
-            )
-        item = (item[0], item[1])
-    target = item[0]
-    if target is not None and type(target) is not str:
-        _hashable(target, "emits[%d] target_id", i)
-    return item  # type: ignore[no-any-return]
-
-
-def _timer_ops(ops: tuple[Any, ...]) -> tuple[TimerOp, ...]:
-    """The slow path of ``commit``'s timer check: each op made a ``TimerOp`` with an exact
-    action and, for a schedule, a finite float ``fire_at``."""
-    return tuple([_timer_op(op, i) for i, op in enumerate(ops)])
-
-
-def _timer_op(op: Any, i: int) -> TimerOp:
-    if type(op) is TimerOp:
-        action, path, fire_at = op
-    else:
-        try:
-            action, path, fire_at = op.action, op.path, op.fire_at
-        except AttributeError:
-            raise TypeError(
-                f"timers[{i}] must be a TimerOp (action, path, fire_at), got {type(op).__name__}"
-            ) from None
-    if type(path) is not str:
-        _hashable(path, "timers[%d].path", i)
-    if action == "schedule":
-        if type(fire_at) is not float:
-            fire_at = _as_time(fire_at, f"timers[{i}].fire_at")
-        if fire_at - fire_at != 0.0:
-            raise ValueError(f"timers[{i}].fire_at must be finite, got {fire_at!r}")
-        return _new(TimerOp, (_SCHEDULE, path, fire_at))
-    if action == "cancel":
-        return _new(TimerOp, (_CANCEL, path, None))
-    raise ValueError(f"timers[{i}].action must be 'schedule' or 'cancel', got {action!r}")
-
-
-def _spawn_entries(spawns: Any, parent_id: Any, seq: int) -> list[SpawnEntry]:
-    """The slow path of ``commit``'s spawn check: the records for checked triples."""
-    items: list[SpawnEntry] = []
-    for item in _snapshot(spawns, "spawns"):
-        i = len(items)
-        if (type(item) is not tuple or len(item) != 3) and (
-            not isinstance(item, (tuple, list)) or len(item) != 3
-        ):
-            raise TypeError(
-                f"spawns[{i}] must be a (child_id, root_path, context) triple, got {type(item).__name__}"
-            )
-        child_id, root_path, context = item
-        if type(child_id) is not str:
-            _hashable(child_id, "spawns[%d] child_id", i)
-        if type(context) is dict:
-            context = context.copy()
-        elif isinstance(context, Mapping):
-            context = dict(context)
-        else:
-            raise TypeError(f"spawns[{i}] context must be a mapping, got {type(context).__name__}")
-        items.append(_new(SpawnEntry, (seq + i + 1, parent_id, child_id, root_path, context)))
-    return items
-
-
-def _trace_step(entry: Any, what: str) -> dict[Any, Any]:
-    if type(entry) is dict:
-        return entry.copy()
-    if isinstance(entry, Mapping):
-        return dict(entry)
-    raise TypeError(f"{what} must be a mapping, got {type(entry).__name__}")
+_reentered = _checks.reentered
+_bad_exe = _checks.bad_exe
 
 
 class _Fifo:
@@ -197,13 +60,24 @@ class _Fifo:
     stay in the deque until they reach its head or outnumber the pending ones, when the
     deque is rebuilt. Emptied or rebuilt, it is dense again. Every ack is O(1) amortized,
     whatever the order, and memory stays proportional to what is pending.
+
+    Claims: the first one keeps ``live`` for good and adds ``fresh``, the entries never
+    claimed, in seq order; ``leases``, seq -> (expiry, entry) of the live leases;
+    ``expiries``, a heap of (expiry, seq) that may hold leases already ended; and
+    ``retry``, a heap of (seq, entry) whose lease ran out. A claim takes the lower seq of
+    ``fresh`` and ``retry`` each time, so it costs in proportion to what it returns plus
+    the leases that ran out and the acked entries it passes, each passed once.
     """
 
-    __slots__ = ("entries", "live")
+    __slots__ = ("entries", "expiries", "fresh", "leases", "live", "retry")
 
     def __init__(self) -> None:
         self.entries: deque[Any] = deque()
         self.live: set[int] | None = None
+        self.fresh: deque[Any] | None = None
+        self.leases: dict[int, tuple[float, Any]] = {}
+        self.expiries: list[tuple[float, int]] = []
+        self.retry: list[tuple[int, Any]] = []
 
     def __len__(self) -> int:
         return len(self.entries) if self.live is None else len(self.live)
@@ -213,6 +87,14 @@ class _Fifo:
         if live is None:
             return list(self.entries)
         return [e for e in self.entries if e[0] in live]
+
+    def extend(self, records: list[Any], first: int, last: int) -> None:
+        """Append the records of seqs ``first`` to ``last``."""
+        self.entries.extend(records)
+        if self.live is not None:
+            self.live.update(range(first, last + 1))
+            if self.fresh is not None:
+                self.fresh.extend(records)
 
     def ack(self, seq: Any) -> None:
         entries = self.entries
@@ -227,7 +109,7 @@ class _Fifo:
                 entries.pop()
                 return
         if type(seq) is not int:
-            seq = _as_int(seq, "seq")
+            seq = _checks.as_int(seq, "seq")
         if live is None:
             if not entries:
                 return
@@ -245,13 +127,63 @@ class _Fifo:
         live.remove(seq)
         while entries and entries[0][0] not in live:
             entries.popleft()
+        fresh = self.fresh
+        if fresh is not None:
+            self.leases.pop(seq, None)
+            limit = 2 * len(live) + _SLACK
+            if len(fresh) > limit:
+                self.fresh = deque([e for e in fresh if e[0] in live])
+            if len(self.retry) > limit:
+                self.retry = [r for r in self.retry if r[0] in live]
+                heapify(self.retry)
         # Dense again only when empty or rebuilt: both follow at least as many acks as
         # the set cost to build, so acks that keep landing in the middle stay O(1).
         if not live:
-            self.live = None
+            if fresh is None:
+                self.live = None
         elif len(entries) > 2 * len(live) + _SLACK:
             self.entries = deque([e for e in entries if e[0] in live])
-            self.live = None
+            if fresh is None:
+                self.live = None
+
+    def claim(self, limit: int, until: float, now: float) -> list[Any]:
+        """Lease up to ``limit`` entries until ``until``, oldest first, skipping those
+        whose lease is live at ``now``."""
+        if self.fresh is None:
+            if self.live is None:
+                self.live = {e[0] for e in self.entries}
+            self.fresh = deque(self.pending())
+        live = self.live
+        fresh = self.fresh
+        leases = self.leases
+        expiries = self.expiries
+        retry = self.retry
+        while expiries and expiries[0][0] <= now:
+            expiry, seq = heappop(expiries)
+            held = leases.get(seq)
+            if held is not None and held[0] == expiry:
+                del leases[seq]
+                heappush(retry, (seq, held[1]))
+        claimed: list[Any] = []
+        while len(claimed) < limit:
+            while retry and retry[0][0] not in live:
+                heappop(retry)
+            while fresh and fresh[0][0] not in live:
+                fresh.popleft()
+            if retry and (not fresh or retry[0][0] < fresh[0][0]):
+                entry = heappop(retry)[1]
+            elif fresh:
+                entry = fresh.popleft()
+            else:
+                break
+            seq = entry[0]
+            leases[seq] = (until, entry)
+            heappush(expiries, (until, seq))
+            claimed.append(entry)
+        if len(expiries) > 2 * len(leases) + _SLACK:
+            self.expiries = [(held[0], seq) for seq, held in leases.items()]
+            heapify(self.expiries)
+        return claimed
 
 
 class _Ring:
@@ -264,53 +196,116 @@ class _Ring:
         self.next_index = 0
 
 
+class _Slot:
+    """Everything the store holds for one execution id; each part ``None`` until used."""
+
+    __slots__ = ("commits", "epoch", "exe", "marks", "paths", "ring")
+
+    def __init__(self) -> None:
+        self.exe: Any = None
+        self.marks: dict[Hashable, None] | None = None
+        self.paths: dict[Hashable, list[Any]] | None = None
+        self.ring: _Ring | None = None
+        self.commits: dict[str, tuple[int, tuple[Any, ...]]] | None = None
+        self.epoch: int | None = None
+
+
+def _body(
+    out: Any, processed_event_id: Any, ops: tuple[Any, ...], born: Any, step: Any
+) -> tuple[Any, ...]:
+    """What a replay of a commit id is compared with: the commit's input, by value."""
+    return (
+        tuple([e[1:] for e in out]) if out else _EMPTY,
+        processed_event_id,
+        tuple([(op[0], op[1], op[2] if op[0] is _SCHEDULE else None) for op in ops]),
+        tuple([(s[2], s[3], s[4].copy()) for s in born]) if born else _EMPTY,
+        None if step is None else step.copy(),
+    )
+
+
+_COPY_REFUSED = (
+    "a DictStore cannot be copied or pickled: it holds the live executions by identity, "
+    "and a copy would share or lose them; load and commit into a new store instead"
+)
+
+
 class DictStore:
     """The in-memory ``ExecutionStore``: ``load`` returns the very object that was saved.
 
-    One writer at a time; see the README on concurrency.
+    One writer at a time; see the README on concurrency. ``clock`` (a function giving
+    seconds, ``time.monotonic`` by default) times the leases of claims; tests and
+    simulations pass their own.
     """
 
     __slots__ = (
         "_armed",
         "_busy",
-        "_by_id",
+        "_clock",
         "_heap",
+        "_leased",
         "_maxlen",
         "_mixed",
         "_n_dead",
+        "_n_exes",
         "_n_marks",
+        "_n_rings",
         "_n_steps",
         "_n_timers",
         "_outbox",
-        "_processed",
         "_seq",
+        "_slots",
         "_spawn_seq",
         "_spawns",
         "_timer_seq",
-        "_timers",
-        "_trace",
         "_trace_max",
     )
 
-    def __init__(self, *, trace_max: int | None = DEFAULT_TRACE_MAX) -> None:
+    preserves_identity = True
+    durable = False
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> DictStore:
+        # The tables exist before __init__ runs, so a subclass that skips it still works.
+        self = object.__new__(cls)
         self._busy = False
-        self._mixed = False  # a key that is not an exact str was stored: lookups may run code
-        self.trace_max = trace_max
-        self._by_id: dict[Hashable, Any] = {}
+        self._mixed = False  # a timer path that is not an exact str was stored
+        self._trace_max = self._maxlen = DEFAULT_TRACE_MAX
+        self._clock = monotonic
+        self._slots: dict[Hashable, _Slot] = {}
         self._outbox = _Fifo()
-        self._processed: dict[Hashable, set[Hashable]] = {}
-        self._timers: dict[Hashable, dict[Hashable, list[Any]]] = {}
+        self._spawns = _Fifo()
         self._heap: list[list[Any]] = []
         self._armed: list[list[Any]] = []
-        self._spawns = _Fifo()
-        self._trace: dict[Hashable, _Ring] = {}
-        self._seq = 0
-        self._spawn_seq = 0
-        self._timer_seq = 0
-        self._n_marks = 0
-        self._n_timers = 0
-        self._n_dead = 0
-        self._n_steps = 0
+        self._leased: list[tuple[float, int, list[Any]]] = []
+        self._seq = self._spawn_seq = self._timer_seq = 0
+        self._n_exes = self._n_marks = self._n_timers = self._n_dead = 0
+        self._n_rings = self._n_steps = 0
+        return self
+
+    def __init__(
+        self,
+        *,
+        trace_max: int | None = DEFAULT_TRACE_MAX,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        if clock is not None and not callable(clock):
+            raise TypeError(f"clock must be a function giving seconds, got {type(clock).__name__}")
+        self.trace_max = trace_max
+        self._clock = monotonic if clock is None else clock
+
+    def __enter__(self) -> DictStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(_COPY_REFUSED)
+
+    def __copy__(self) -> Any:
+        raise TypeError(_COPY_REFUSED)
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        raise TypeError(_COPY_REFUSED)
 
     @property
     def trace_max(self) -> int | None:
@@ -324,20 +319,22 @@ class DictStore:
             raise _reentered("trace_max")
         self._busy = True
         try:
-            self._trace_max = _as_trace_max(value)
+            self._trace_max = _checks.as_trace_max(value)
             self._maxlen = self._trace_max or None
         finally:
             self._busy = False
 
     def load(self, execution_id: Hashable) -> Any:
         """The live object saved under ``execution_id``, or ``None``: no copy."""
-        return self._by_id.get(execution_id)
+        slot = self._slots.get(execution_id)
+        return None if slot is None else slot.exe
 
-    def save(self, exe: Any) -> None:
+    def save(self, exe: Any, *, epoch: int | None = None) -> None:
         """CAS-write ``exe`` and bump ``exe.version``.
 
         Raises :class:`StoreConflict` when a *different* object is stored under
-        ``exe.id`` at a *different* version.
+        ``exe.id`` at a *different* version, and :class:`StaleWriter` when ``epoch`` is
+        below the execution's writer epoch (a greater one claims it).
         """
         # commit's CAS, alone: save is called on its own often enough to skip the rest.
         if self._busy:
@@ -348,27 +345,47 @@ class DictStore:
                 eid = exe.id
             except AttributeError:
                 raise _bad_exe("id", exe) from None
-            by_id = self._by_id
+            if epoch is not None:
+                epoch = _checks.as_epoch(epoch)
+            slots = self._slots
             try:
-                prev = by_id.get(eid)
+                slot = slots.get(eid)
             except TypeError:
                 raise _bad_exe("hash", eid) from None
+            if epoch is not None and slot is not None:
+                current = slot.epoch
+                if current is not None and epoch < current:
+                    raise StaleWriter(eid, epoch, current)
             try:
                 version = exe.version
             except AttributeError:
                 raise _bad_exe("version", exe) from None
             if type(version) is not int:
-                version = _as_int(version, "execution version")
+                version = _checks.as_int(version, "execution version")
+            prev = None if slot is None else slot.exe
             if prev is not exe and prev is not None:
                 found = prev.version
                 if found != version:
                     raise StoreConflict(eid, version, found)
+            new = slot is None
+            if new:
+                slot = _Slot()
+                if slots.setdefault(eid, slot) is not slot:
+                    raise _checks.inconsistent("the execution id")
             try:
                 exe.version = version + 1
-            except AttributeError:
-                raise _bad_exe("writable", exe) from None
+            except BaseException as exc:
+                if new:
+                    slots.popitem()
+                if isinstance(exc, AttributeError):
+                    raise _bad_exe("writable", exe) from None
+                raise
             if prev is not exe:
-                by_id[eid] = exe
+                if prev is None:
+                    self._n_exes += 1
+                slot.exe = exe
+            if epoch is not None and (slot.epoch is None or epoch > slot.epoch):
+                slot.epoch = epoch
         finally:
             self._busy = False
 
@@ -380,12 +397,19 @@ class DictStore:
         timers: Iterable[TimerOp] = (),
         spawns: Iterable[tuple[Hashable, Any, Mapping[Any, Any]]] = (),
         trace: Mapping[str, Any] | None = None,
+        *,
+        commit_id: str | None = None,
+        epoch: int | None = None,
     ) -> None:
         """The event-boundary write: save ``exe`` (CAS), then enqueue ``emits``, mark
         ``processed_event_id``, apply ``timers``, enqueue ``spawns``, record ``trace``.
 
-        All or nothing: on bad input (``TypeError``/``ValueError`` naming the item) or a
-        :class:`StoreConflict`, neither the store nor ``exe.version`` changes.
+        All or nothing: on bad input (``TypeError``/``ValueError`` naming the item), a
+        :class:`StoreConflict`, a :class:`StaleWriter` or an error raised by the caller's
+        own code, neither the store nor ``exe.version`` changes. With ``commit_id``, a
+        replay of a commit this execution already applied writes nothing (and sets
+        ``exe.version`` to the version that commit produced, unless ``exe`` is the stored
+        object); the same id with another body raises :class:`IdempotencyConflict`.
         """
         if self._busy:
             raise _reentered("commit")
@@ -420,12 +444,11 @@ class DictStore:
             else:
                 out = None
             if out is None:
-                out = _outbox_entries(emits, self._seq)
+                out = _checks.outbox_entries(emits, self._seq)
                 seq = self._seq + len(out)
-            str_keys = type(eid) is str  # every key a str: lookups run no caller code
             if processed_event_id is not None and type(processed_event_id) is not str:
-                _hashable(processed_event_id, "processed_event_id")
-                str_keys = False
+                _checks.hashable(processed_event_id, "processed_event_id")
+            str_paths = True  # every path an exact str: its lookups run no caller code
             ops: tuple[Any, ...] = _EMPTY
             one = None
             if timers is not _EMPTY:
@@ -433,7 +456,7 @@ class DictStore:
                     # One op, the common case, is unpacked once into locals: no snapshot
                     # and no loop. Anything unusual about it takes the general path below.
                     one = timers[0]
-                    if type(one) is not TimerOp:
+                    if type(one) is not TimerOp or len(one) != 3:
                         one = None
                     else:
                         action, path, fire_at = one
@@ -445,23 +468,24 @@ class DictStore:
                         elif action is not _CANCEL:
                             one = None
                 if one is None:
-                    ops = tuple(timers) if type(timers) is list else _snapshot(timers, "timers")
+                    ops = tuple(timers) if type(timers) is list else _checks.snapshot(timers, "timers")
                     for op in ops:
                         # Actions are compared by identity: string constants in a caller's
                         # code are interned; any other action takes the slow path.
-                        if type(op) is not TimerOp or type(op[1]) is not str:
-                            ops = _timer_ops(ops)
-                            str_keys = False
+                        if type(op) is not TimerOp or len(op) != 3 or type(op[1]) is not str:
+                            ops = _checks.timer_ops(ops)
                             break
                         if op[0] is _SCHEDULE:
                             fire_at = op[2]
                             if type(fire_at) is not float or fire_at - fire_at != 0.0:
-                                ops = _timer_ops(ops)
-                                str_keys = False
+                                ops = _checks.timer_ops(ops)
                                 break
                         elif op[0] is not _CANCEL:
-                            ops = _timer_ops(ops)
-                            str_keys = False
+                            ops = _checks.timer_ops(ops)
+                            break
+                    for op in ops:
+                        if type(op[1]) is not str:
+                            str_paths = False
                             break
             spawn_seq = self._spawn_seq
             born: list[SpawnEntry] | tuple[()] | None
@@ -488,56 +512,117 @@ class DictStore:
             else:
                 born = None
             if born is None:
-                born = _spawn_entries(spawns, eid, self._spawn_seq)
+                born = _checks.spawn_entries(spawns, eid, self._spawn_seq)
                 spawn_seq = self._spawn_seq + len(born)
             if trace is None:
                 step = None
             else:
-                step = trace.copy() if type(trace) is dict else _trace_step(trace, "trace")
+                step = trace.copy() if type(trace) is dict else _checks.trace_step(trace, "trace")
                 stamp = "index" not in step
+            if commit_id is not None:
+                commit_id = _checks.as_commit_id(commit_id)
+            if epoch is not None:
+                epoch = _checks.as_epoch(epoch)
 
-            # CAS, read as late as possible so no caller code runs between check and write.
-            by_id = self._by_id
+            slots = self._slots
             try:
-                prev = by_id.get(eid)
+                slot = slots.get(eid)
             except TypeError:
                 raise _bad_exe("hash", eid) from None
+            if commit_id is not None:
+                body = _body(out, processed_event_id, ops if one is None else (one,), born, step)
+                if slot is not None and slot.commits is not None:
+                    done = slot.commits.get(commit_id)
+                    if done is not None:
+                        if done[1] != body:
+                            raise IdempotencyConflict(eid, commit_id)
+                        if exe is not slot.exe:
+                            try:
+                                exe.version = done[0]
+                            except AttributeError:
+                                raise _bad_exe("writable", exe) from None
+                        return
+            if epoch is not None and slot is not None:
+                current = slot.epoch
+                if current is not None and epoch < current:
+                    raise StaleWriter(eid, epoch, current)
+            # CAS, read as late as possible so no caller code runs between check and write.
             try:
                 version = exe.version
             except AttributeError:
                 raise _bad_exe("version", exe) from None
             if type(version) is not int:
-                version = _as_int(version, "execution version")
+                version = _checks.as_int(version, "execution version")
+            prev = None if slot is None else slot.exe
             if prev is not exe and prev is not None:
                 found = prev.version
                 if found != version:
                     raise StoreConflict(eid, version, found)
-            if not str_keys or self._mixed:
-                self._probe(eid, processed_event_id, ops if one is None else (one,))
-                self._mixed = True
+            plan = None
+            if (not str_paths or self._mixed) and (ops or one is not None):
+                # Paths whose lookups may run caller code change a copy, made now.
+                plan = _plan_timers(None if slot is None else slot.paths, ops or (one,), eid)
+                one = None
+            if step is not None:
+                ring = None if slot is None else slot.ring
+                if stamp:
+                    step["index"] = 0 if ring is None else ring.next_index
+
+            # The write phase. The one insert under a caller's key comes first; then the
+            # version setter, the last caller code, undoing that insert if it raises.
+            undo: dict[Any, Any] | None = None
+            marks = None  # a new mark table, set once the commit is sure to land
+            marked = False
+            if slot is None:
+                slot = _Slot()
+                if processed_event_id is not None:
+                    slot.marks = {processed_event_id: None}
+                    marked = True
+                if slots.setdefault(eid, slot) is not slot:
+                    raise _checks.inconsistent("the execution id")
+                undo = slots
+            elif processed_event_id is not None:
+                marks = slot.marks
+                if marks is None:
+                    marks = {processed_event_id: None}
+                    marked = True
+                else:
+                    size = len(marks)
+                    marks.setdefault(processed_event_id)
+                    if len(marks) != size:
+                        undo = marks
+                        marked = True
+                    marks = None
             try:
                 exe.version = version + 1
-            except AttributeError:
-                raise _bad_exe("writable", exe) from None
+            except BaseException as exc:
+                if undo is not None:
+                    undo.popitem()
+                if isinstance(exc, AttributeError):
+                    raise _bad_exe("writable", exe) from None
+                raise
             if prev is not exe:
-                by_id[eid] = exe
+                if prev is None:
+                    self._n_exes += 1
+                slot.exe = exe
+            if marked:
+                if marks is not None:
+                    slot.marks = marks
+                self._n_marks += 1
+            if not str_paths:
+                self._mixed = True
+            if commit_id is not None:
+                if slot.commits is None:
+                    slot.commits = {}
+                slot.commits[commit_id] = (version + 1, body)
+            if epoch is not None and (slot.epoch is None or epoch > slot.epoch):
+                slot.epoch = epoch
 
             if out:
-                fifo = self._outbox
-                fifo.entries.extend(out)
-                if fifo.live is not None:
-                    fifo.live.update(range(self._seq + 1, seq + 1))
+                self._outbox.extend(out, self._seq + 1, seq)
                 self._seq = seq
-            if processed_event_id is not None:
-                marks = self._processed.get(eid)
-                if marks is None:
-                    self._processed[eid] = {processed_event_id}
-                    self._n_marks += 1
-                elif processed_event_id not in marks:
-                    marks.add(processed_event_id)
-                    self._n_marks += 1
             if one is not None:
-                paths = self._timers.get(eid)
+                paths = slot.paths
                 old = None if paths is None else paths.get(path)
                 if old is not None and action is _SCHEDULE and not old[4]:
                     self._timer_seq = n = self._timer_seq + 1
@@ -545,76 +630,32 @@ class DictStore:
                     old[1] = n
                 else:
                     ops = (one,)
-            if ops:
-                timers_ = self._timers
-                paths = timers_.get(eid)
-                if paths is None:
-                    timers_[eid] = paths = {}
-                died = False
-                for op in ops:
-                    path = op[1]
-                    old = paths.get(path)
-                    if op[0] is _CANCEL:
-                        if old is not None:
-                            del paths[path]
-                            old[2] = _DEAD
-                            self._n_dead += 1
-                            self._n_timers -= 1
-                            died = True
-                        continue
-                    self._timer_seq = n = self._timer_seq + 1
-                    if old is None:
-                        self._n_timers += 1
-                    elif not old[4]:
-                        old[0] = op[2]  # not in the heap yet: re-arm in place
-                        old[1] = n
-                        continue
-                    else:
-                        old[2] = _DEAD
-                        self._n_dead += 1
-                        died = True
-                    entry = [op[2], n, eid, path, False]
-                    paths[path] = entry
-                    self._armed.append(entry)
-                if died:
-                    if not paths:
-                        del timers_[eid]
-                    if self._n_dead > self._n_timers + _SLACK:
-                        self._compact_timers()
+            if plan is not None:
+                self._apply_plan(slot, plan)
+            elif ops:
+                self._apply_timers(slot, eid, ops)
             if born:
-                fifo = self._spawns
-                fifo.entries.extend(born)
-                if fifo.live is not None:
-                    fifo.live.update(range(self._spawn_seq + 1, spawn_seq + 1))
+                self._spawns.extend(born, self._spawn_seq + 1, spawn_seq)
                 self._spawn_seq = spawn_seq
             if step is not None:
-                # _push_step, inlined: this is the hot path.
-                ring = self._trace.get(eid)
-                maxlen = self._maxlen
-                if ring is None or ring.steps.maxlen != maxlen:
-                    ring = self._ring(eid)
-                index = ring.next_index
-                ring.next_index = index + 1
-                if stamp:
-                    step["index"] = index
-                steps = ring.steps
-                if len(steps) != maxlen:
-                    self._n_steps += 1
-                steps.append(step)
+                self._push_step(slot, step)
         finally:
             self._busy = False
 
     def is_processed(self, execution_id: Hashable, event_id: Hashable) -> bool:
         """Whether a commit of ``execution_id`` recorded ``event_id`` as handled."""
-        marks = self._processed.get(execution_id)
-        return marks is not None and event_id in marks
+        slot = self._slots.get(execution_id)
+        if slot is None or slot.marks is None:
+            return False
+        return event_id in slot.marks
 
     def pending_outbox(self) -> list[OutboxEntry]:
         """A copy of the unacked outbox entries, oldest first."""
         return self._outbox.pending()
 
     def ack_outbox(self, seq: int) -> None:
-        """Drop the outbox entry ``seq``; an unknown or already-acked seq is a no-op."""
+        """Drop the outbox entry ``seq`` (ending its lease); an unknown or already-acked
+        seq is a no-op."""
         if self._busy:
             raise _reentered("ack_outbox")
         self._busy = True
@@ -623,12 +664,29 @@ class DictStore:
         finally:
             self._busy = False
 
+    def claim_outbox(self, limit: int = 100, *, lease: float = 30.0) -> list[OutboxEntry]:
+        """Lease up to ``limit`` unacked outbox entries that no live lease holds, oldest
+        first, for ``lease`` seconds: until then no other claim returns them; unacked
+        after it, they are claimable again. Costs in proportion to what it returns plus
+        the leases that ran out and the acked entries it passes."""
+        if self._busy:
+            raise _reentered("claim_outbox")
+        self._busy = True
+        try:
+            limit = _checks.as_limit(limit)
+            lease = _checks.as_lease(lease)
+            now = self._now()
+            return self._outbox.claim(limit, now + lease, now)  # type: ignore[no-any-return]
+        finally:
+            self._busy = False
+
     def pending_spawns(self) -> list[SpawnEntry]:
         """A copy of the unacked spawn intents, oldest first."""
         return self._spawns.pending()
 
     def ack_spawn(self, seq: int) -> None:
-        """Drop the spawn intent ``seq``; an unknown or already-acked seq is a no-op."""
+        """Drop the spawn intent ``seq`` (ending its lease); an unknown or already-acked
+        seq is a no-op."""
         if self._busy:
             raise _reentered("ack_spawn")
         self._busy = True
@@ -637,54 +695,117 @@ class DictStore:
         finally:
             self._busy = False
 
+    def claim_spawns(self, limit: int = 100, *, lease: float = 30.0) -> list[SpawnEntry]:
+        """:meth:`claim_outbox` for the spawn intents."""
+        if self._busy:
+            raise _reentered("claim_spawns")
+        self._busy = True
+        try:
+            limit = _checks.as_limit(limit)
+            lease = _checks.as_lease(lease)
+            now = self._now()
+            return self._spawns.claim(limit, now + lease, now)  # type: ignore[no-any-return]
+        finally:
+            self._busy = False
+
     def due_timers(self, now: float) -> list[tuple[Hashable, Hashable, float]]:
         """``(execution_id, path, fire_at)`` of every armed timer with ``fire_at <= now``,
-        oldest ``fire_at`` first (ties in arming order). Timers stay armed until
-        :meth:`delete_timer`. Costs in proportion to the due timers."""
+        oldest ``fire_at`` first (ties in arming order), leased ones included. Timers
+        stay armed until :meth:`delete_timer`. Costs in proportion to the due timers."""
         if type(now) is not float:
-            now = _as_time(now, "now")
+            now = _checks.as_time(now, "now")
         if self._armed:
             self._heap_armed()
         heap = self._heap
         while heap and heap[0][2] is _DEAD:
             heappop(heap)
             self._n_dead -= 1
-        if not heap or not heap[0][0] <= now:
-            return []
-        size = len(heap)
         due = []
-        stack = [0]
-        while stack:
-            i = stack.pop()
-            entry = heap[i]
-            if entry[2] is not _DEAD:
-                due.append(entry)
-            child = 2 * i + 1
-            if child < size and heap[child][0] <= now:
-                stack.append(child)
-            child += 1
-            if child < size and heap[child][0] <= now:
-                stack.append(child)
+        if heap and heap[0][0] <= now:
+            size = len(heap)
+            stack = [0]
+            while stack:
+                i = stack.pop()
+                entry = heap[i]
+                if entry[2] is not _DEAD:
+                    due.append(entry)
+                child = 2 * i + 1
+                if child < size and heap[child][0] <= now:
+                    stack.append(child)
+                child += 1
+                if child < size and heap[child][0] <= now:
+                    stack.append(child)
+        if self._leased:
+            due += [e for _, _, e in self._leased if e[0] <= now and e[2] is not _DEAD]
+        if not due:
+            return []
         due.sort()
         return [(e[2], e[3], e[0]) for e in due]
 
+    def claim_due_timers(
+        self, now: float, limit: int = 100, *, lease: float = 30.0
+    ) -> list[tuple[Hashable, Hashable, float]]:
+        """Lease up to ``limit`` due timers that no live lease holds, oldest ``fire_at``
+        first, for ``lease`` seconds (see :meth:`claim_outbox`). Deleting or re-arming a
+        timer ends its lease. Costs in proportion to what it returns plus the leases
+        that ran out."""
+        if self._busy:
+            raise _reentered("claim_due_timers")
+        self._busy = True
+        try:
+            now = _checks.as_now(now)
+            limit = _checks.as_limit(limit)
+            lease = _checks.as_lease(lease)
+            clock = self._now()
+            if self._armed:
+                self._heap_armed()
+            heap = self._heap
+            leased = self._leased
+            while leased and leased[0][0] <= clock:
+                entry = heappop(leased)[2]
+                if entry[2] is _DEAD:
+                    self._n_dead -= 1
+                else:
+                    heappush(heap, entry)
+            claimed = []
+            until = clock + lease
+            while heap and len(claimed) < limit:
+                entry = heap[0]
+                if entry[2] is _DEAD:
+                    heappop(heap)
+                    self._n_dead -= 1
+                    continue
+                if not entry[0] <= now:
+                    break
+                heappop(heap)
+                heappush(leased, (until, entry[1], entry))
+                claimed.append((entry[2], entry[3], entry[0]))
+            return claimed
+        finally:
+            self._busy = False
+
     def delete_timer(self, execution_id: Hashable, path: Hashable, fire_at: float) -> None:
         """Disarm the timer only if it still fires at ``fire_at``, so a sweep that read it
-        before a re-arm cannot delete the re-armed timer."""
+        before a re-arm cannot delete the re-armed timer. Ends its lease."""
         if self._busy:
             raise _reentered("delete_timer")
         self._busy = True
         try:
-            paths = self._timers.get(execution_id)
-            if paths is None:
+            slot = self._slots.get(execution_id)
+            if slot is None or slot.paths is None:
                 return
+            paths = slot.paths
             entry = paths.get(path)
             # `not ==`, as the specification compares, for fire_at objects with their own __eq__
-            if entry is None or not entry[0] == fire_at or entry[2] is _DEAD:  # noqa: SIM201
+            if entry is None or not entry[0] == fire_at:  # noqa: SIM201
                 return
-            del paths[path]
-            if not paths:
-                del self._timers[execution_id]
+            if type(path) is str and not self._mixed:
+                del paths[path]
+            else:
+                paths = paths.copy()  # the key's own code runs on a copy, before any write
+                if paths.pop(path, None) is not entry:
+                    raise _checks.inconsistent("the timer path")
+            slot.paths = paths or None
             entry[2] = _DEAD
             self._n_timers -= 1
             self._n_dead += 1
@@ -699,49 +820,49 @@ class DictStore:
 
     def read_trace(self, execution_id: Hashable) -> list[dict[str, Any]]:
         """A copy of the recent steps of ``execution_id``, oldest first (or ``[]``)."""
-        ring = self._trace.get(execution_id)
-        return [] if ring is None else list(ring.steps)
+        slot = self._slots.get(execution_id)
+        if slot is None or slot.ring is None:
+            return []
+        return list(slot.ring.steps)
 
     def forget(self, execution_id: Hashable) -> None:
-        """Drop an execution with its processed marks, armed timers, trace ring and
-        trace index, in time proportional to what it holds. Pending outbox and spawn
-        entries stay: they are owed to a relay. An unknown id is a no-op."""
+        """Drop an execution with its processed marks, armed timers, trace ring, trace
+        index, commit ids and writer epoch, in time proportional to what it holds.
+        Pending outbox and spawn entries stay: they are owed to a relay. An unknown id is
+        a no-op."""
         if self._busy:
             raise _reentered("forget")
         self._busy = True
         try:
-            # Every lookup before the first pop: an id that collides with this one in
-            # any table runs its __eq__ here, and if that raises nothing is dropped.
-            tables = (self._by_id, self._processed, self._timers, self._trace)
-            if not any([execution_id in table for table in tables]):  # noqa: C419 - no short cut
+            slot = self._slots.pop(execution_id, None)  # the one write under the caller's key
+            if slot is None:
                 return
-            self._by_id.pop(execution_id, None)
-            marks = self._processed.pop(execution_id, None)
-            if marks is not None:
-                self._n_marks -= len(marks)
-            paths = self._timers.pop(execution_id, None)
-            if paths is not None:
-                for entry in paths.values():
+            if slot.exe is not None:
+                self._n_exes -= 1
+            if slot.marks is not None:
+                self._n_marks -= len(slot.marks)
+            if slot.paths is not None:
+                for entry in slot.paths.values():
                     entry[2] = _DEAD
-                self._n_timers -= len(paths)
-                self._n_dead += len(paths)
+                self._n_timers -= len(slot.paths)
+                self._n_dead += len(slot.paths)
                 if self._n_dead > self._n_timers + _SLACK:
                     self._compact_timers()
-            ring = self._trace.pop(execution_id, None)
-            if ring is not None:
-                self._n_steps -= len(ring.steps)
+            if slot.ring is not None:
+                self._n_rings -= 1
+                self._n_steps -= len(slot.ring.steps)
         finally:
             self._busy = False
 
     def stats(self) -> dict[str, int]:
         """Counts for monitoring, each O(1)."""
         return {
-            "executions": len(self._by_id),
+            "executions": self._n_exes,
             "outbox": len(self._outbox),
             "spawns": len(self._spawns),
             "timers": self._n_timers,
             "processed": self._n_marks,
-            "traces": len(self._trace),
+            "traces": self._n_rings,
             "trace_steps": self._n_steps,
         }
 
@@ -753,30 +874,77 @@ class DictStore:
             raise _reentered("append_trace")
         self._busy = True
         try:
-            step = _trace_step(entry, "trace entry")
-            stamp = "index" not in step
+            step = _checks.trace_step(entry, "trace entry")
             if type(execution_id) is not str:
-                _hashable(execution_id, "execution_id")
-                self._mixed = True
-            self._push_step(execution_id, step, stamp)
+                _checks.hashable(execution_id, "execution_id")
+            slots = self._slots
+            slot = slots.get(execution_id)
+            if "index" not in step:
+                step["index"] = 0 if slot is None or slot.ring is None else slot.ring.next_index
+            if slot is None:
+                slot = _Slot()
+                if slots.setdefault(execution_id, slot) is not slot:
+                    raise _checks.inconsistent("the execution id")
+            self._push_step(slot, step)
         finally:
             self._busy = False
 
-    def _probe(
-        self, eid: Hashable, processed_event_id: Hashable | None, ops: tuple[TimerOp, ...]
-    ) -> None:
-        """Run the key lookups a commit is about to make, before it writes: where a
-        caller's key collides with a stored one, the ``__eq__`` of either runs and may
-        raise. Needed once any key is not an exact str (``_mixed``): two strs compare
-        without running code."""
-        _ = eid in self._trace
-        marks = self._processed.get(eid)
-        if marks is not None and processed_event_id is not None:
-            _ = processed_event_id in marks
-        paths = self._timers.get(eid)
-        if paths:
-            for op in ops:
-                _ = op[1] in paths
+    def _now(self) -> float:
+        now = self._clock()
+        if type(now) is not float:
+            now = _checks.as_time(now, "clock()")
+        return now
+
+    def _apply_timers(self, slot: _Slot, eid: Hashable, ops: tuple[TimerOp, ...]) -> None:
+        """Apply checked ops whose paths are exact strs, in place: no caller code runs."""
+        paths = slot.paths
+        if paths is None:
+            slot.paths = paths = {}
+        died = False
+        for op in ops:
+            path = op[1]
+            old = paths.get(path)
+            if op[0] is _CANCEL:
+                if old is not None:
+                    del paths[path]
+                    old[2] = _DEAD
+                    self._n_dead += 1
+                    self._n_timers -= 1
+                    died = True
+                continue
+            self._timer_seq = n = self._timer_seq + 1
+            if old is None:
+                self._n_timers += 1
+            elif not old[4]:
+                old[0] = op[2]  # not in the heap yet: re-arm in place
+                old[1] = n
+                continue
+            else:
+                old[2] = _DEAD
+                self._n_dead += 1
+                died = True
+            entry = [op[2], n, eid, path, False]
+            paths[path] = entry
+            self._armed.append(entry)
+        if died:
+            if not paths:
+                slot.paths = None
+            if self._n_dead > self._n_timers + _SLACK:
+                self._compact_timers()
+
+    def _apply_plan(self, slot: _Slot, plan: tuple[Any, ...]) -> None:
+        """Write what :func:`_plan_timers` worked out: no caller code runs."""
+        paths, killed, armed = plan
+        slot.paths = paths or None
+        for entry in killed:
+            entry[2] = _DEAD
+        for entry in armed:
+            self._timer_seq = entry[1] = self._timer_seq + 1
+        self._armed += armed
+        self._n_timers += len(armed) - len(killed)
+        self._n_dead += len(killed)
+        if self._n_dead > self._n_timers + _SLACK:
+            self._compact_timers()
 
     def _heap_armed(self) -> None:
         """Move the timers armed since the last sweep into the heap."""
@@ -798,28 +966,45 @@ class DictStore:
         heapify(heap)
         self._heap = heap
         self._armed = [e for e in self._armed if e[2] is not _DEAD]
+        leased = [t for t in self._leased if t[2][2] is not _DEAD]
+        heapify(leased)
+        self._leased = leased
         self._n_dead = 0
 
-    def _push_step(self, execution_id: Hashable, step: dict[Any, Any], stamp: bool) -> None:
-        ring = self._trace.get(execution_id)
-        if ring is None or ring.steps.maxlen != self._maxlen:
-            ring = self._ring(execution_id)
-        index = ring.next_index
-        ring.next_index = index + 1
-        if stamp:
-            step["index"] = index
+    def _push_step(self, slot: _Slot, step: dict[Any, Any]) -> None:
+        """Append a stamped step to the slot's ring: no caller code runs."""
+        ring = slot.ring
+        maxlen = self._maxlen
+        if ring is None:
+            slot.ring = ring = _Ring(maxlen)
+            self._n_rings += 1
+        elif ring.steps.maxlen != maxlen:
+            kept = deque(ring.steps, maxlen=maxlen)
+            self._n_steps += len(kept) - len(ring.steps)
+            ring.steps = kept
+        ring.next_index += 1
         steps = ring.steps
-        if len(steps) != self._maxlen:
+        if len(steps) != maxlen:
             self._n_steps += 1
         steps.append(step)
 
-    def _ring(self, execution_id: Hashable) -> _Ring:
-        """The ring of ``execution_id``, created, or re-cut to a changed ``trace_max``."""
-        ring = self._trace.get(execution_id)
-        if ring is None:
-            self._trace[execution_id] = ring = _Ring(self._maxlen)
-        else:
-            kept = deque(ring.steps, maxlen=self._maxlen)
-            self._n_steps += len(kept) - len(ring.steps)
-            ring.steps = kept
-        return ring
+
+def _plan_timers(
+    paths: dict[Hashable, list[Any]] | None, ops: tuple[Any, ...], eid: Hashable
+) -> tuple[dict[Hashable, list[Any]], list[list[Any]], list[list[Any]]]:
+    """The timer table after ``ops``, worked out on a copy: the entries they kill and the
+    new entries they arm (arm orders are set when written). Runs the paths' own code, so
+    it comes before the first write."""
+    table = {} if paths is None else paths.copy()
+    killed: list[list[Any]] = []
+    armed: list[list[Any]] = []
+    for op in ops:
+        path = op[1]
+        old = table.pop(path, None)
+        if old is not None:
+            killed.append(old)
+        if op[0] is _SCHEDULE:
+            entry = [op[2], 0, eid, path, False]
+            table[path] = entry
+            armed.append(entry)
+    return table, killed, armed

@@ -96,6 +96,8 @@ def _extensions() -> list[Extension]:
         "wraparound": False,
         "initializedcheck": False,
         "cdivision": True,
+        # No generated __reduce__: a pickled table would hand out the store's internals.
+        "auto_pickle": False,
         "linetrace": TRACE,
         "profile": TRACE,
     }

@@ -107,7 +107,7 @@ def as_limit(value: Any) -> int:
         value = as_int(value, "limit")
     if value < 0:
         raise ValueError(f"limit must be at least 0, got {value}")
-    return value
+    return min(value, MAX_SIZE)
 
 
 def as_lease(value: Any) -> float:
@@ -115,6 +115,14 @@ def as_lease(value: Any) -> float:
     if not lease >= 0.0 or lease == float("inf"):
         raise ValueError(f"lease must be a finite number of seconds, at least 0, got {value!r}")
     return lease
+
+
+def as_timeout(value: Any) -> float:
+    """``timeout`` of ``wait_for_work``: seconds, at least 0 (infinity waits for ever)."""
+    timeout = value if type(value) is float else as_time(value, "timeout")
+    if not timeout >= 0.0:
+        raise ValueError(f"timeout must be a number of seconds, at least 0, got {value!r}")
+    return timeout
 
 
 def snapshot(iterable: Any, what: str) -> tuple[Any, ...]:

@@ -1,26 +1,29 @@
 """The compiled ``DictStore``: ``_store_py`` with typed counters, C-level record
 construction and a ring buffer per trace. Same names, same order, same behaviour; the
-docstrings and type hints live in ``_store_py``."""
+docstrings and type hints live in ``_store_py``, and the checks of unusual input are the
+very functions of ``_checks`` that the pure store calls."""
 
 from collections import deque
-from collections.abc import Mapping
 from heapq import heapify, heappop, heappush
-from sys import maxsize as _MAX_SIZE
+from time import monotonic
 
 from cpython.float cimport PyFloat_AS_DOUBLE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
-from cpython.ref cimport Py_INCREF
-from cpython.set cimport PySet_Add, PySet_Contains, PySet_Discard
-from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_SET_ITEM
+from cpython.ref cimport PyObject, Py_INCREF
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_SET_ITEM
 
-from ._errors import StoreConflict
+from . import _checks
+from ._errors import IdempotencyConflict, StaleWriter, StoreConflict
 from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
 
 cdef extern from "Python.h":
     object PyType_GenericAlloc(type cls, Py_ssize_t nitems)
     bint PyObject_IS_GC(object obj)
+    bint PyTuple_CheckExact(object obj)
     int PyObject_GC_IsTracked(object obj)
     void PyObject_GC_UnTrack(object obj)
+    # A borrowed reference: compared, never owned.
+    PyObject *PyDict_SetDefault(object d, object key, object default) except NULL
 
 cdef extern from *:
     """
@@ -40,6 +43,8 @@ cdef Py_ssize_t _SLACK = 64
 cdef tuple _EMPTY = ()
 cdef str _SCHEDULE = "schedule"
 cdef str _CANCEL = "cancel"
+cdef object _reentered = _checks.reentered
+cdef object _bad_exe = _checks.bad_exe
 
 
 cdef inline object _new3(type cls, object a, object b, object c):
@@ -55,14 +60,15 @@ cdef inline object _new3(type cls, object a, object b, object c):
 
 
 cdef inline object _untracked(object record, Py_ssize_t size):
-    # What the collector does to an exact tuple whose items cannot form a cycle, done
-    # here because it never does it for tuple subclasses: entries that wait in a FIFO
-    # would otherwise be traversed by every collection for as long as they wait.
+    # What the collector does to an exact tuple, done here because it never does it for
+    # tuple subclasses: entries that wait in a FIFO would otherwise be traversed by every
+    # collection for as long as they wait. As for a tuple, any item that is or may later
+    # become tracked (an untracked dict may be filled) keeps the record tracked.
     cdef Py_ssize_t i
     cdef object item
     for i in range(size):
         item = <object>PyTuple_GET_ITEM(record, i)
-        if PyObject_IS_GC(item) and PyObject_GC_IsTracked(item):
+        if PyObject_IS_GC(item) and (not PyTuple_CheckExact(item) or PyObject_GC_IsTracked(item)):
             return record
     PyObject_GC_UnTrack(record)
     return record
@@ -83,227 +89,131 @@ cdef inline object _new5(type cls, object a, object b, object c, object d, objec
     return record
 
 
-cdef object _reentered(str name):
-    return RuntimeError(
-        f"DictStore.{name}() was called while another call of the same store was running "
-        "(from a caller's __hash__, __eq__, iterator or property): one writer at a time"
-    )
-
-
-_EXE_ERRORS = {
-    "id": "an execution needs an `id` attribute, got {}",
-    "hash": "execution id must be hashable, got {}",
-    "version": "an execution needs a `version` attribute, got {}",
-    "writable": "the version of {} is not writable",
-}
-
-
-cdef object _bad_exe(str problem, object value):
-    return TypeError(_EXE_ERRORS[problem].format(type(value).__name__))
-
-
-cdef int _hashable(object value, str what, Py_ssize_t index=-1) except -1:
-    try:
-        hash(value)
-    except TypeError:
-        what = what % index if index >= 0 else what
-        raise TypeError(f"{what} must be hashable, got {type(value).__name__}") from None
-    return 0
-
-
-cdef object _as_int(object value, str what):
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{what} must be an int, got {type(value).__name__}")
-    return int(value)
-
-
-cdef double _as_time(object value, str what) except? -1.0:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{what} must be a real number (epoch seconds), got {type(value).__name__}")
-    try:
-        return float(value)
-    except OverflowError:
-        return float("inf") if value > 0 else float("-inf")
-
-
-cdef object _as_trace_max(object value):
-    if value is None:
-        return None
-    value = _as_int(value, "trace_max")
-    if not 0 <= value <= _MAX_SIZE:
-        raise ValueError(f"trace_max must be None or between 0 and {_MAX_SIZE}, got {value}")
-    return value
-
-
-cdef tuple _snapshot(object iterable, str what):
-    if type(iterable) is tuple:
-        return <tuple>iterable
-    if type(iterable) is list:
-        return tuple(<list>iterable)
-    try:
-        iterator = iter(iterable)
-    except TypeError:
-        raise TypeError(f"{what} must be an iterable, got {type(iterable).__name__}") from None
-    return tuple(iterator)
-
-
-cdef list _outbox_entries(object emits, long long seq):
-    cdef list out = []
-    cdef object item
-    for i, item in enumerate(_snapshot(emits, "emits")):
-        item = _emit_pair(item, i)
-        seq += 1
-        out.append(_untracked(_new3(_OutboxEntry, seq, (<tuple>item)[0], (<tuple>item)[1]), 3))
-    return out
-
-
-cdef object _emit_pair(object item, Py_ssize_t i):
-    if type(item) is not tuple or len(<tuple>item) != 2:
-        if not isinstance(item, (tuple, list)) or len(item) != 2:
-            raise TypeError(f"emits[{i}] must be a (target_id, event) pair, got {type(item).__name__}")
-        item = (item[0], item[1])
-    target = (<tuple>item)[0]
-    if target is not None and type(target) is not str:
-        _hashable(target, "emits[%d] target_id", i)
-    return item
-
-
-cdef tuple _timer_ops(tuple ops):
-    return tuple([_timer_op(op, i) for i, op in enumerate(ops)])
-
-
-cdef object _timer_op(object op, Py_ssize_t i):
-    cdef double at
-    if type(op) is _TimerOp:
-        action, path, fire_at = <tuple>op
-    else:
-        try:
-            action, path, fire_at = op.action, op.path, op.fire_at
-        except AttributeError:
-            raise TypeError(
-                f"timers[{i}] must be a TimerOp (action, path, fire_at), got {type(op).__name__}"
-            ) from None
-    if type(path) is not str:
-        _hashable(path, "timers[%d].path", i)
-    if action == "schedule":
-        if type(fire_at) is float:
-            at = PyFloat_AS_DOUBLE(fire_at)
-        else:
-            at = _as_time(fire_at, f"timers[{i}].fire_at")
-        if at - at != 0.0:
-            raise ValueError(f"timers[{i}].fire_at must be finite, got {fire_at!r}")
-        return _new3(_TimerOp, _SCHEDULE, path, at)
-    if action == "cancel":
-        return _new3(_TimerOp, _CANCEL, path, None)
-    raise ValueError(f"timers[{i}].action must be 'schedule' or 'cancel', got {action!r}")
-
-
-cdef list _spawn_entries(object spawns, object parent_id, long long seq):
-    cdef list items = []
-    cdef object item, child_id, root_path, context
-    cdef Py_ssize_t i
-    for item in _snapshot(spawns, "spawns"):
-        i = len(items)
-        if type(item) is not tuple or len(<tuple>item) != 3:
-            if not isinstance(item, (tuple, list)) or len(item) != 3:
-                raise TypeError(
-                    f"spawns[{i}] must be a (child_id, root_path, context) triple, got {type(item).__name__}"
-                )
-        child_id, root_path, context = item
-        if type(child_id) is not str:
-            _hashable(child_id, "spawns[%d] child_id", i)
-        if type(context) is dict:
-            context = (<dict>context).copy()
-        elif isinstance(context, Mapping):
-            context = dict(context)
-        else:
-            raise TypeError(f"spawns[{i}] context must be a mapping, got {type(context).__name__}")
-        items.append(_untracked(_new5(_SpawnEntry, seq + i + 1, parent_id, child_id, root_path, context), 5))
-    return items
-
-
-cdef dict _trace_step(object entry, str what):
-    if type(entry) is dict:
-        return (<dict>entry).copy()
-    if isinstance(entry, Mapping):
-        return dict(entry)
-    raise TypeError(f"{what} must be a mapping, got {type(entry).__name__}")
-
-
 cdef class _Fifo:
     """Pending entries in seq order; ``live`` is None (dense) or the pending seqs."""
 
     cdef object entries
-    cdef object live
-    cdef object _append
-    cdef object _popleft
+    cdef set live
+    cdef object fresh
+    cdef dict leases
+    cdef list expiries
+    cdef list retry
 
-    def __init__(self):
-        self._reset(deque())
+    def __cinit__(self):
+        self.entries = deque()
         self.live = None
-
-    cdef inline void _reset(self, object entries):
-        self.entries = entries
-        self._append = entries.append
-        self._popleft = entries.popleft
+        self.fresh = None
+        self.leases = {}
+        self.expiries = []
+        self.retry = []
 
     def __len__(self):
-        return len(self.entries) if self.live is None else len(<set>self.live)
+        return len(self.entries) if self.live is None else len(self.live)
 
     cdef list pending(self):
         cdef object e
         if self.live is None:
             return list(self.entries)
-        return [e for e in self.entries if PySet_Contains(self.live, (<tuple>e)[0])]
+        return [e for e in self.entries if (<tuple>e)[0] in self.live]
+
+    cdef int extend(self, list records, long long first, long long last) except -1:
+        self.entries.extend(records)
+        if self.live is not None:
+            self.live.update(range(first, last + 1))
+            if self.fresh is not None:
+                self.fresh.extend(records)
+        return 0
 
     cdef int ack(self, object seq) except -1:
         cdef object entries = self.entries
-        cdef object first, last, e
-        cdef set live
-        cdef Py_ssize_t size = len(entries)
-        if self.live is None and size:
+        cdef object e
+        cdef set live = self.live
+        cdef Py_ssize_t size = len(entries), limit
+        if live is None and size:
             # Identity: the int stored here is recognised without touching its memory.
             if seq is (<tuple>entries[0])[0]:
-                self._popleft()
+                entries.popleft()
                 return 0
             if seq is (<tuple>entries[size - 1])[0]:
                 entries.pop()
                 return 0
         if type(seq) is not int:
-            seq = _as_int(seq, "seq")
-        if self.live is None:
-            if not entries:
+            seq = _checks.as_int(seq, "seq")
+        if live is None:
+            if not size:
                 return 0
-            first = (<tuple>entries[0])[0]
-            if seq == first:
-                self._popleft()
+            if seq == (<tuple>entries[0])[0]:
+                entries.popleft()
                 return 0
-            last = (<tuple>entries[len(entries) - 1])[0]
-            if seq == last:
+            if seq == (<tuple>entries[size - 1])[0]:
                 entries.pop()
                 return 0
-            if not first < seq < last:
+            if not (<tuple>entries[0])[0] < seq < (<tuple>entries[size - 1])[0]:
                 return 0
-            self.live = {(<tuple>e)[0] for e in entries}
-        live = <set>self.live
-        if not PySet_Discard(live, seq):
+            self.live = live = {(<tuple>e)[0] for e in entries}
+        if seq not in live:
             return 0
-        while entries and not PySet_Contains(live, (<tuple>entries[0])[0]):
-            self._popleft()
+        live.discard(seq)
+        while entries and (<tuple>entries[0])[0] not in live:
+            entries.popleft()
+        fresh = self.fresh
+        if fresh is not None:
+            self.leases.pop(seq, None)
+            limit = 2 * len(live) + _SLACK
+            if len(fresh) > limit:
+                self.fresh = deque([e for e in fresh if (<tuple>e)[0] in live])
+            if len(self.retry) > limit:
+                self.retry = [e for e in self.retry if (<tuple>e)[0] in live]
+                heapify(self.retry)
         if not live:
-            self.live = None
+            if fresh is None:
+                self.live = None
         elif len(entries) > 2 * len(live) + _SLACK:
-            self._reset(deque([e for e in entries if PySet_Contains(live, (<tuple>e)[0])]))
-            self.live = None
+            self.entries = deque([e for e in entries if (<tuple>e)[0] in live])
+            if fresh is None:
+                self.live = None
         return 0
 
-    cdef inline int extend(self, list records) except -1:
-        cdef object record
-        for record in records:
-            self._append(record)
-            if self.live is not None:
-                PySet_Add(self.live, (<tuple>record)[0])
-        return 0
+    cdef list claim(self, Py_ssize_t limit, double until, double now):
+        cdef list claimed = []
+        cdef list expiries, retry
+        cdef dict leases = self.leases
+        cdef tuple held
+        cdef object entry, fresh, seq
+        cdef set live
+        if self.fresh is None:
+            if self.live is None:
+                self.live = {(<tuple>e)[0] for e in self.entries}
+            self.fresh = deque(self.pending())
+        live = self.live
+        fresh = self.fresh
+        expiries = self.expiries
+        retry = self.retry
+        while expiries and PyFloat_AS_DOUBLE((<tuple>expiries[0])[0]) <= now:
+            expiry, seq = heappop(expiries)
+            held = leases.get(seq)
+            if held is not None and held[0] == expiry:
+                del leases[seq]
+                heappush(retry, (seq, held[1]))
+        while PyList_GET_SIZE(claimed) < limit:
+            while retry and (<tuple>retry[0])[0] not in live:
+                heappop(retry)
+            while fresh and (<tuple>fresh[0])[0] not in live:
+                fresh.popleft()
+            if retry and (not fresh or (<tuple>retry[0])[0] < (<tuple>fresh[0])[0]):
+                entry = (<tuple>heappop(retry))[1]
+            elif fresh:
+                entry = fresh.popleft()
+            else:
+                break
+            seq = (<tuple>entry)[0]
+            leases[seq] = (until, entry)
+            heappush(expiries, (until, seq))
+            claimed.append(entry)
+        if len(expiries) > 2 * len(leases) + _SLACK:
+            self.expiries = [((<tuple>held)[0], seq) for seq, held in leases.items()]
+            heapify(self.expiries)
+        return claimed
 
 
 cdef class _Ring:
@@ -317,7 +227,7 @@ cdef class _Ring:
     cdef Py_ssize_t maxlen
     cdef long long next_index
 
-    def __init__(self, Py_ssize_t maxlen):
+    def __cinit__(self, Py_ssize_t maxlen):
         self.steps = []
         self.head = 0
         self.maxlen = maxlen
@@ -352,46 +262,92 @@ cdef class _Ring:
         return False
 
 
+cdef class _Slot:
+    """Everything the store holds for one execution id; each part ``None`` until used."""
+
+    cdef object exe
+    cdef dict marks
+    cdef dict paths
+    cdef _Ring ring
+    cdef dict commits
+    cdef object epoch
+
+
+cdef tuple _body(object out, object processed_event_id, tuple ops, object born, object step):
+    return (
+        tuple([e[1:] for e in out]) if out else _EMPTY,
+        processed_event_id,
+        tuple([(op[0], op[1], op[2] if op[0] is _SCHEDULE else None) for op in ops]),
+        tuple([(s[2], s[3], s[4].copy()) for s in born]) if born else _EMPTY,
+        None if step is None else (<dict>step).copy(),
+    )
+
+
+_COPY_REFUSED = (
+    "a DictStore cannot be copied or pickled: it holds the live executions by identity, "
+    "and a copy would share or lose them; load and commit into a new store instead"
+)
+
+
 cdef class DictStore:
     """The in-memory ``ExecutionStore``: ``load`` returns the very object that was saved."""
 
-    cdef dict _by_id
+    cdef dict _slots
     cdef _Fifo _outbox
-    cdef dict _processed
-    cdef dict _timers
+    cdef _Fifo _spawns
     cdef list _heap
     cdef list _armed
-    cdef _Fifo _spawns
-    cdef dict _trace
+    cdef list _leased
     cdef object _trace_max
+    cdef object _clock
     cdef Py_ssize_t _maxlen
     cdef long long _seq
     cdef long long _spawn_seq
     cdef long long _timer_seq
+    cdef Py_ssize_t _n_exes
     cdef Py_ssize_t _n_marks
     cdef Py_ssize_t _n_timers
     cdef Py_ssize_t _n_dead
+    cdef Py_ssize_t _n_rings
     cdef Py_ssize_t _n_steps
     cdef bint _busy
     cdef bint _mixed
 
-    def __init__(self, *, trace_max=DEFAULT_TRACE_MAX):
-        self.trace_max = trace_max
-        self._by_id = {}
+    preserves_identity = True
+    durable = False
+
+    def __cinit__(self, *args, **kwargs):
+        # Everything the C code relies on exists before __init__ runs (or is skipped).
+        self._slots = {}
         self._outbox = _Fifo()
-        self._processed = {}
-        self._timers = {}
+        self._spawns = _Fifo()
         self._heap = []
         self._armed = []
-        self._spawns = _Fifo()
-        self._trace = {}
-        self._seq = 0
-        self._spawn_seq = 0
-        self._timer_seq = 0
-        self._n_marks = 0
-        self._n_timers = 0
-        self._n_dead = 0
-        self._n_steps = 0
+        self._leased = []
+        self._trace_max = DEFAULT_TRACE_MAX
+        self._maxlen = DEFAULT_TRACE_MAX
+        self._clock = monotonic
+
+    def __init__(self, *, trace_max=DEFAULT_TRACE_MAX, clock=None):
+        if clock is not None and not callable(clock):
+            raise TypeError(f"clock must be a function giving seconds, got {type(clock).__name__}")
+        self.trace_max = trace_max
+        self._clock = monotonic if clock is None else clock
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError(_COPY_REFUSED)
+
+    def __copy__(self):
+        raise TypeError(_COPY_REFUSED)
+
+    def __deepcopy__(self, memo):
+        raise TypeError(_COPY_REFUSED)
 
     @property
     def trace_max(self):
@@ -403,36 +359,50 @@ cdef class DictStore:
             raise _reentered("trace_max")
         self._busy = True
         try:
-            value = _as_trace_max(value)
+            value = _checks.as_trace_max(value)
             self._trace_max = value
             self._maxlen = value or 0
         finally:
             self._busy = False
 
     def load(self, execution_id):
-        return self._by_id.get(execution_id)
+        cdef _Slot slot = self._slots.get(execution_id)
+        return None if slot is None else slot.exe
 
-    def save(self, exe):
+    def save(self, exe, *, epoch=None):
         if self._busy:
             raise _reentered("save")
-        self._commit(exe, _EMPTY, None, _EMPTY, _EMPTY, None)
+        self._commit(exe, _EMPTY, None, _EMPTY, _EMPTY, None, None, epoch)
 
-    def commit(self, exe, emits, processed_event_id=None, timers=(), spawns=(), trace=None):
-        self._commit(exe, emits, processed_event_id, timers, spawns, trace)
+    def commit(
+        self, exe, emits, processed_event_id=None, timers=(), spawns=(), trace=None, *,
+        commit_id=None, epoch=None,
+    ):
+        self._commit(exe, emits, processed_event_id, timers, spawns, trace, commit_id, epoch)
 
     cdef int _commit(
         self, object exe, object emits, object processed_event_id, object timers, object spawns,
-        object trace,
+        object trace, object commit_id, object epoch,
     ) except -1:
-        cdef tuple ops
+        cdef tuple ops = _EMPTY
+        cdef tuple body = None
         cdef object item
         cdef list out = None
         cdef list born = None
         cdef dict step = None
+        cdef dict slots = self._slots
+        cdef dict marks = None
+        cdef dict undo = None
+        cdef _Slot slot
+        cdef _Ring ring
+        cdef tuple plan = None
         cdef bint stamp = False
-        cdef bint str_keys = True
-        cdef object eid, prev, version, found, target, action, fire_at, marks, child_id, context
+        cdef bint str_paths = True
+        cdef bint marked = False
+        cdef bint new
+        cdef object eid, prev, version, found, target, action, fire_at, child_id, context, done
         cdef long long n
+        cdef Py_ssize_t size
         if self._busy:
             raise _reentered("commit")
         self._busy = True
@@ -448,7 +418,7 @@ cdef class DictStore:
                 out = []
                 n = self._seq
                 for item in emits:
-                    if type(item) is not tuple or len(<tuple>item) != 2:
+                    if type(item) is not tuple or PyTuple_GET_SIZE(item) != 2:
                         out = None
                         break
                     target = (<tuple>item)[0]
@@ -458,35 +428,39 @@ cdef class DictStore:
                     n += 1
                     out.append(_untracked(_new3(_OutboxEntry, n, target, (<tuple>item)[1]), 3))
             if out is None and emits is not _EMPTY:
-                out = _outbox_entries(emits, self._seq)
+                out = _checks.outbox_entries(emits, self._seq)
             if processed_event_id is not None and type(processed_event_id) is not str:
-                _hashable(processed_event_id, "processed_event_id")
-                str_keys = False
-            if timers is _EMPTY:
-                ops = _EMPTY
-            else:
-                ops = _snapshot(timers, "timers")
+                _checks.hashable(processed_event_id, "processed_event_id")
+            if timers is not _EMPTY:
+                if type(timers) is tuple:
+                    ops = <tuple>timers
+                elif type(timers) is list:
+                    ops = tuple(<list>timers)
+                else:
+                    ops = _checks.snapshot(timers, "timers")
                 for item in ops:
                     if (
-                    type(item) is not _TimerOp
-                    or type((<tuple>item)[0]) is not str
-                    or type((<tuple>item)[1]) is not str
-                ):
-                        ops = _timer_ops(ops)
-                        str_keys = False
+                        type(item) is not _TimerOp
+                        or PyTuple_GET_SIZE(item) != 3
+                        or type((<tuple>item)[1]) is not str
+                    ):
+                        ops = _checks.timer_ops(ops)
                         break
+                    # Actions by identity, as in the pure store: others take the slow path.
                     action = (<tuple>item)[0]
-                    if action == _SCHEDULE:
+                    if action is _SCHEDULE:
                         fire_at = (<tuple>item)[2]
                         if type(fire_at) is not float or (
                             PyFloat_AS_DOUBLE(fire_at) - PyFloat_AS_DOUBLE(fire_at) != 0.0
                         ):
-                            ops = _timer_ops(ops)
-                            str_keys = False
+                            ops = _checks.timer_ops(ops)
                             break
-                    elif action != _CANCEL:
-                        ops = _timer_ops(ops)
-                        str_keys = False
+                    elif action is not _CANCEL:
+                        ops = _checks.timer_ops(ops)
+                        break
+                for item in ops:
+                    if type((<tuple>item)[1]) is not str:
+                        str_paths = False
                         break
             if spawns is not _EMPTY:
                 if type(spawns) is list or type(spawns) is tuple:
@@ -494,7 +468,7 @@ cdef class DictStore:
                     born = []
                     n = self._spawn_seq
                     for item in spawns:
-                        if type(item) is not tuple or len(<tuple>item) != 3:
+                        if type(item) is not tuple or PyTuple_GET_SIZE(item) != 3:
                             born = None
                             break
                         child_id = (<tuple>item)[0]
@@ -510,60 +484,118 @@ cdef class DictStore:
                             )
                         )
                 if born is None:
-                    born = _spawn_entries(spawns, eid, self._spawn_seq)
+                    born = _checks.spawn_entries(spawns, eid, self._spawn_seq)
             if trace is not None:
-                step = (<dict>trace).copy() if type(trace) is dict else _trace_step(trace, "trace")
+                step = (<dict>trace).copy() if type(trace) is dict else _checks.trace_step(trace, "trace")
                 stamp = "index" not in step
+            if commit_id is not None:
+                commit_id = _checks.as_commit_id(commit_id)
+            if epoch is not None:
+                epoch = _checks.as_epoch(epoch)
 
             try:
-                prev = self._by_id.get(eid)
+                slot = slots.get(eid)
             except TypeError:
                 raise _bad_exe("hash", eid) from None
+            if commit_id is not None:
+                body = _body(out, processed_event_id, ops, born, step)
+                if slot is not None and slot.commits is not None:
+                    done = slot.commits.get(commit_id)
+                    if done is not None:
+                        if (<tuple>done)[1] != body:
+                            raise IdempotencyConflict(eid, commit_id)
+                        if exe is not slot.exe:
+                            try:
+                                exe.version = (<tuple>done)[0]
+                            except AttributeError:
+                                raise _bad_exe("writable", exe) from None
+                        return 0
+            if epoch is not None and slot is not None:
+                if slot.epoch is not None and epoch < slot.epoch:
+                    raise StaleWriter(eid, epoch, slot.epoch)
             try:
                 version = exe.version
             except AttributeError:
                 raise _bad_exe("version", exe) from None
             if type(version) is not int:
-                version = _as_int(version, "execution version")
+                version = _checks.as_int(version, "execution version")
+            prev = None if slot is None else slot.exe
             if prev is not None and prev is not exe:
                 found = prev.version
                 if found != version:
                     raise StoreConflict(eid, version, found)
-            if not str_keys or type(eid) is not str or self._mixed:
-                self._probe(eid, processed_event_id, ops)
-                self._mixed = True
+            if ops and (not str_paths or self._mixed):
+                plan = _plan_timers(None if slot is None else slot.paths, ops, eid)
+            if step is not None and stamp:
+                step["index"] = 0 if slot is None or slot.ring is None else slot.ring.next_index
+
+            # The write phase: one insert under a caller's key, then the version setter,
+            # which undoes that insert if it raises; then no caller code at all.
+            new = slot is None
+            if new:
+                slot = _Slot()
+                if processed_event_id is not None:
+                    slot.marks = {processed_event_id: None}
+                    marked = True
+                if PyDict_SetDefault(slots, eid, slot) != <PyObject *>slot:
+                    raise _checks.inconsistent("the execution id")
+                undo = slots
+            elif processed_event_id is not None:
+                if slot.marks is None:
+                    marks = {processed_event_id: None}
+                    marked = True
+                else:
+                    size = len(slot.marks)
+                    PyDict_SetDefault(slot.marks, processed_event_id, None)
+                    if len(slot.marks) != size:
+                        undo = slot.marks
+                        marked = True
             try:
                 exe.version = version + 1
-            except AttributeError:
-                raise _bad_exe("writable", exe) from None
+            except BaseException as exc:
+                if undo is not None:
+                    undo.popitem()
+                if isinstance(exc, AttributeError):
+                    raise _bad_exe("writable", exe) from None
+                raise
             if prev is not exe:
-                self._by_id[eid] = exe
+                if prev is None:
+                    self._n_exes += 1
+                slot.exe = exe
+            if marked:
+                if marks is not None:
+                    slot.marks = marks
+                self._n_marks += 1
+            if not str_paths:
+                self._mixed = True
+            if commit_id is not None:
+                if slot.commits is None:
+                    slot.commits = {}
+                slot.commits[commit_id] = (version + 1, body)
+            if epoch is not None and (slot.epoch is None or epoch > slot.epoch):
+                slot.epoch = epoch
 
             if out:
-                self._outbox.extend(out)
+                self._outbox.extend(out, self._seq + 1, self._seq + len(out))
                 self._seq += len(out)
-            if processed_event_id is not None:
-                marks = self._processed.get(eid)
-                if marks is None:
-                    self._processed[eid] = {processed_event_id}
-                    self._n_marks += 1
-                elif not PySet_Contains(marks, processed_event_id):
-                    PySet_Add(marks, processed_event_id)
-                    self._n_marks += 1
-            if ops:
-                self._apply_timers(eid, ops)
+            if plan is not None:
+                self._apply_plan(slot, plan)
+            elif ops:
+                self._apply_timers(slot, eid, ops)
             if born:
-                self._spawns.extend(born)
+                self._spawns.extend(born, self._spawn_seq + 1, self._spawn_seq + len(born))
                 self._spawn_seq += len(born)
             if step is not None:
-                self._push_step(eid, step, stamp)
+                self._push_step(slot, step)
         finally:
             self._busy = False
         return 0
 
     def is_processed(self, execution_id, event_id):
-        marks = self._processed.get(execution_id)
-        return marks is not None and PySet_Contains(marks, event_id) == 1
+        cdef _Slot slot = self._slots.get(execution_id)
+        if slot is None or slot.marks is None:
+            return False
+        return event_id in slot.marks
 
     def pending_outbox(self):
         return self._outbox.pending()
@@ -577,6 +609,9 @@ cdef class DictStore:
         finally:
             self._busy = False
 
+    def claim_outbox(self, limit=100, *, lease=30.0):
+        return self._claim(self._outbox, "claim_outbox", limit, lease)
+
     def pending_spawns(self):
         return self._spawns.pending()
 
@@ -589,37 +624,91 @@ cdef class DictStore:
         finally:
             self._busy = False
 
+    def claim_spawns(self, limit=100, *, lease=30.0):
+        return self._claim(self._spawns, "claim_spawns", limit, lease)
+
     def due_timers(self, now):
-        cdef double at = PyFloat_AS_DOUBLE(now) if type(now) is float else _as_time(now, "now")
+        cdef double at = PyFloat_AS_DOUBLE(now) if type(now) is float else _checks.as_time(now, "now")
+        cdef list heap, due = []
+        cdef list entry
+        cdef tuple held
         if self._armed:
             self._heap_armed()
-        cdef list heap = self._heap
-        cdef list due = []
-        cdef list entry
+        heap = self._heap
         while heap and (<list>heap[0])[2] is _DEAD:
             heappop(heap)
             self._n_dead -= 1
-        if not heap or not PyFloat_AS_DOUBLE((<list>heap[0])[0]) <= at:
+        if heap and PyFloat_AS_DOUBLE((<list>heap[0])[0]) <= at:
+            _collect_due(heap, 0, PyList_GET_SIZE(heap), at, due)
+        for held in self._leased:
+            entry = <list>held[2]
+            if PyFloat_AS_DOUBLE(entry[0]) <= at and entry[2] is not _DEAD:
+                due.append(entry)
+        if not due:
             return []
-        _collect_due(heap, 0, PyList_GET_SIZE(heap), at, due)
         due.sort()
         return [(entry[2], entry[3], entry[0]) for entry in due]
 
+    def claim_due_timers(self, now, limit=100, *, lease=30.0):
+        cdef double at, clock, until
+        cdef Py_ssize_t count
+        cdef list heap, leased, entry, claimed = []
+        if self._busy:
+            raise _reentered("claim_due_timers")
+        self._busy = True
+        try:
+            at = _checks.as_now(now)
+            count = _checks.as_limit(limit)
+            until = _checks.as_lease(lease)
+            clock = self._now()
+            until += clock
+            if self._armed:
+                self._heap_armed()
+            heap = self._heap
+            leased = self._leased
+            while leased and PyFloat_AS_DOUBLE((<tuple>leased[0])[0]) <= clock:
+                entry = <list>(<tuple>heappop(leased))[2]
+                if entry[2] is _DEAD:
+                    self._n_dead -= 1
+                else:
+                    heappush(heap, entry)
+            while heap and PyList_GET_SIZE(claimed) < count:
+                entry = <list>heap[0]
+                if entry[2] is _DEAD:
+                    heappop(heap)
+                    self._n_dead -= 1
+                    continue
+                if not PyFloat_AS_DOUBLE(entry[0]) <= at:
+                    break
+                heappop(heap)
+                heappush(leased, (until, entry[1], entry))
+                claimed.append((entry[2], entry[3], entry[0]))
+            return claimed
+        finally:
+            self._busy = False
+
     def delete_timer(self, execution_id, path, fire_at):
-        cdef dict paths = self._timers.get(execution_id)
+        cdef _Slot slot
+        cdef dict paths
         cdef list entry
         if self._busy:
             raise _reentered("delete_timer")
         self._busy = True
         try:
-            if paths is None:
+            slot = self._slots.get(execution_id)
+            if slot is None or slot.paths is None:
                 return
+            paths = slot.paths
             entry = paths.get(path)
-            if entry is None or not entry[0] == fire_at or entry[2] is _DEAD:
+            if entry is None or not entry[0] == fire_at:
                 return
-            del paths[path]
-            if not paths:
-                del self._timers[execution_id]
+            if type(path) is str and not self._mixed:
+                del paths[path]
+            else:
+                paths = paths.copy()
+                if paths.pop(path, None) is not entry:
+                    raise _checks.inconsistent("the timer path")
+            slot.paths = paths or None
             entry[2] = _DEAD
             self._n_timers -= 1
             self._n_dead += 1
@@ -632,50 +721,46 @@ cdef class DictStore:
         self._record(execution_id, entry)
 
     def read_trace(self, execution_id):
-        cdef _Ring ring = self._trace.get(execution_id)
-        return [] if ring is None else ring.ordered()
+        cdef _Slot slot = self._slots.get(execution_id)
+        if slot is None or slot.ring is None:
+            return []
+        return slot.ring.ordered()
 
     def forget(self, execution_id):
+        cdef _Slot slot
         cdef list entry
-        cdef _Ring ring
         if self._busy:
             raise _reentered("forget")
         self._busy = True
         try:
-            held = [
-                execution_id in self._by_id,
-                execution_id in self._processed,
-                execution_id in self._timers,
-                execution_id in self._trace,
-            ]
-            if not any(held):
+            slot = self._slots.pop(execution_id, None)
+            if slot is None:
                 return
-            self._by_id.pop(execution_id, None)
-            marks = self._processed.pop(execution_id, None)
-            if marks is not None:
-                self._n_marks -= len(marks)
-            paths = self._timers.pop(execution_id, None)
-            if paths is not None:
-                for entry in (<dict>paths).values():
+            if slot.exe is not None:
+                self._n_exes -= 1
+            if slot.marks is not None:
+                self._n_marks -= len(slot.marks)
+            if slot.paths is not None:
+                for entry in slot.paths.values():
                     entry[2] = _DEAD
-                self._n_timers -= len(paths)
-                self._n_dead += len(paths)
+                self._n_timers -= len(slot.paths)
+                self._n_dead += len(slot.paths)
                 if self._n_dead > self._n_timers + _SLACK:
                     self._compact_timers()
-            ring = self._trace.pop(execution_id, None)
-            if ring is not None:
-                self._n_steps -= len(ring.steps)
+            if slot.ring is not None:
+                self._n_rings -= 1
+                self._n_steps -= len(slot.ring.steps)
         finally:
             self._busy = False
 
     def stats(self):
         return {
-            "executions": len(self._by_id),
+            "executions": self._n_exes,
             "outbox": len(self._outbox),
             "spawns": len(self._spawns),
             "timers": self._n_timers,
             "processed": self._n_marks,
-            "traces": len(self._trace),
+            "traces": self._n_rings,
             "trace_steps": self._n_steps,
         }
 
@@ -686,65 +771,95 @@ cdef class DictStore:
         self._record(execution_id, entry)
 
     cdef int _record(self, object execution_id, object entry) except -1:
-        cdef dict step = (<dict>entry).copy() if type(entry) is dict else _trace_step(entry, "trace entry")
-        cdef bint stamp = "index" not in step
+        cdef dict step
+        cdef _Slot slot
         if self._busy:
             raise _reentered("append_trace")
         self._busy = True
         try:
+            step = (<dict>entry).copy() if type(entry) is dict else _checks.trace_step(entry, "trace entry")
             if type(execution_id) is not str:
-                _hashable(execution_id, "execution_id")
-                self._mixed = True
-            return self._push_step(execution_id, step, stamp)
+                _checks.hashable(execution_id, "execution_id")
+            slot = self._slots.get(execution_id)
+            if "index" not in step:
+                step["index"] = 0 if slot is None or slot.ring is None else slot.ring.next_index
+            if slot is None:
+                slot = _Slot()
+                if PyDict_SetDefault(self._slots, execution_id, slot) != <PyObject *>slot:
+                    raise _checks.inconsistent("the execution id")
+            return self._push_step(slot, step)
         finally:
             self._busy = False
 
-    cdef int _probe(self, object eid, object processed_event_id, tuple ops) except -1:
-        cdef object op
-        eid in self._trace
-        marks = self._processed.get(eid)
-        if marks is not None and processed_event_id is not None:
-            processed_event_id in marks
-        paths = self._timers.get(eid)
-        if paths:
-            for op in ops:
-                (<tuple>op)[1] in paths
-        return 0
+    cdef double _now(self) except? -1.0:
+        now = self._clock()
+        return PyFloat_AS_DOUBLE(now) if type(now) is float else _checks.as_time(now, "clock()")
 
-    cdef int _apply_timers(self, object eid, tuple ops) except -1:
-        cdef dict timers = self._timers
-        cdef dict paths = timers.get(eid)
+    cdef list _claim(self, _Fifo fifo, str name, object limit, object lease):
+        cdef double now
+        if self._busy:
+            raise _reentered(name)
+        self._busy = True
+        try:
+            limit = _checks.as_limit(limit)
+            lease = _checks.as_lease(lease)
+            now = self._now()
+            return fifo.claim(limit, now + <double>lease, now)
+        finally:
+            self._busy = False
+
+    cdef int _apply_timers(self, _Slot slot, object eid, tuple ops) except -1:
+        cdef dict paths = slot.paths
         cdef list entry, old
-        cdef object op, path, n
+        cdef object op, path
+        cdef bint died = False
         if paths is None:
             paths = {}
-            timers[eid] = paths
+            slot.paths = paths
         for op in ops:
             path = (<tuple>op)[1]
             old = paths.get(path)
-            if (<tuple>op)[0] == "cancel":
+            if (<tuple>op)[0] is _CANCEL:
                 if old is not None:
                     del paths[path]
                     old[2] = _DEAD
                     self._n_dead += 1
                     self._n_timers -= 1
+                    died = True
                 continue
             self._timer_seq += 1
-            n = self._timer_seq
             if old is None:
                 self._n_timers += 1
             elif old[4] is False:
-                old[0] = (<tuple>op)[2]
-                old[1] = n
+                old[0] = (<tuple>op)[2]  # not in the heap yet: re-arm in place
+                old[1] = self._timer_seq
                 continue
             else:
                 old[2] = _DEAD
                 self._n_dead += 1
-            entry = [(<tuple>op)[2], n, eid, path, False]
+                died = True
+            entry = [(<tuple>op)[2], self._timer_seq, eid, path, False]
             paths[path] = entry
             self._armed.append(entry)
-        if not paths:
-            del timers[eid]
+        if died:
+            if not paths:
+                slot.paths = None
+            if self._n_dead > self._n_timers + _SLACK:
+                self._compact_timers()
+        return 0
+
+    cdef int _apply_plan(self, _Slot slot, tuple plan) except -1:
+        cdef dict paths = plan[0]
+        cdef list killed = plan[1], armed = plan[2], entry
+        slot.paths = paths or None
+        for entry in killed:
+            entry[2] = _DEAD
+        for entry in armed:
+            self._timer_seq += 1
+            entry[1] = self._timer_seq
+        self._armed += armed
+        self._n_timers += len(armed) - len(killed)
+        self._n_dead += len(killed)
         if self._n_dead > self._n_timers + _SLACK:
             self._compact_timers()
         return 0
@@ -767,27 +882,43 @@ cdef class DictStore:
 
     cdef int _compact_timers(self) except -1:
         cdef list heap = [e for e in self._heap if (<list>e)[2] is not _DEAD]
+        cdef list leased = [t for t in self._leased if (<list>(<tuple>t)[2])[2] is not _DEAD]
         heapify(heap)
         self._heap = heap
         self._armed = [e for e in self._armed if (<list>e)[2] is not _DEAD]
+        heapify(leased)
+        self._leased = leased
         self._n_dead = 0
         return 0
 
-    cdef int _push_step(self, object execution_id, dict step, bint stamp) except -1:
-        cdef _Ring ring = self._trace.get(execution_id)
-        cdef long long index
+    cdef int _push_step(self, _Slot slot, dict step) except -1:
+        cdef _Ring ring = slot.ring
         if ring is None:
             ring = _Ring(self._maxlen)
-            self._trace[execution_id] = ring
+            slot.ring = ring
+            self._n_rings += 1
         elif ring.maxlen != self._maxlen:
             self._n_steps += ring.resize(self._maxlen)
-        index = ring.next_index
-        ring.next_index = index + 1
-        if stamp:
-            step["index"] = index
+        ring.next_index += 1
         if ring.push(step):
             self._n_steps += 1
         return 0
+
+
+cdef tuple _plan_timers(dict paths, tuple ops, object eid):
+    cdef dict table = {} if paths is None else paths.copy()
+    cdef list killed = [], armed = [], entry
+    cdef object op, path, old
+    for op in ops:
+        path = (<tuple>op)[1]
+        old = table.pop(path, None)
+        if old is not None:
+            killed.append(old)
+        if (<tuple>op)[0] is _SCHEDULE:
+            entry = [(<tuple>op)[2], 0, eid, path, False]
+            table[path] = entry
+            armed.append(entry)
+    return table, killed, armed
 
 
 cdef int _collect_due(list heap, Py_ssize_t i, Py_ssize_t size, double now, list due) except -1:

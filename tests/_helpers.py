@@ -25,7 +25,7 @@ API_METHODS = (
     "read_trace",
     "close",
 )
-EXTRA_METHODS = ("forget", "stats")
+EXTRA_METHODS = ("forget", "stats", "claim_outbox", "claim_spawns", "claim_due_timers")
 
 
 def drive(coro: Any) -> Any:

@@ -42,6 +42,8 @@ def test_same_public_names(pure_module: ModuleType, compiled_module: ModuleType)
         "OutboxEntry",
         "SpawnEntry",
         "StoreConflict",
+        "IdempotencyConflict",
+        "StaleWriter",
         "TimerOp",
     }
     assert public_names(pure_module) == expected
@@ -56,7 +58,11 @@ def test_shared_records_and_errors(pure_module: ModuleType, compiled_module: Mod
 
 
 def test_same_store_surface(pure_module: ModuleType, compiled_module: ModuleType) -> None:
-    assert store_surface(pure_module.DictStore) == set(API_METHODS + EXTRA_METHODS) | {"trace_max"}
+    assert store_surface(pure_module.DictStore) == set(API_METHODS + EXTRA_METHODS) | {
+        "trace_max",
+        "preserves_identity",
+        "durable",
+    }
     assert store_surface(compiled_module.DictStore) == store_surface(pure_module.DictStore)
     assert callable(compiled_module.DictStore._record_trace)
 

@@ -212,6 +212,48 @@ STORE_KINDS: dict[str, Callable[..., Any]] = {
     "memory-pure-async": _memory_kind("pure", True),
 }
 _KIND_MARKS: dict[str, list[Any]] = {"memory-compiled": [pytest.mark.compiled]}
+
+
+# The SQLite kinds. "sqlite-file": every call of the factory opens another store object
+# on one database file of the test. "sqlite-memory": ":memory:" is the private database of
+# one connection, so a second call with the same options returns the same store object
+# (the only one that can see that database); other options open another database.
+def _sqlite_file_kind(asynchronous: bool) -> Callable[..., Any]:
+    def kind(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., Any]:
+        from harel_store.sqlite import AsyncSqliteStore, SqliteStore
+
+        path = tmp_path / "store.db"
+        if not asynchronous:
+            return lambda **kwargs: SqliteStore(path, **kwargs)
+        return lambda **kwargs: AsyncAsSync(AsyncSqliteStore(path, **kwargs))
+
+    return kind
+
+
+def _sqlite_memory_kind(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., Any]:
+    from harel_store.sqlite import SqliteStore
+
+    opened: dict[str, Any] = {}
+
+    def make(**kwargs: Any) -> Any:
+        key = repr(sorted(kwargs.items()))
+        store = opened.get(key)
+        if store is None or store._conn is None:  # none yet, or closed: a new database
+            store = opened[key] = SqliteStore(":memory:", **kwargs)
+        return store
+
+    return make
+
+
+STORE_KINDS.update(
+    {
+        "sqlite-file": _sqlite_file_kind(False),
+        "sqlite-memory": _sqlite_memory_kind,
+        "sqlite-file-async": _sqlite_file_kind(True),
+    }
+)
+
+
 STORE_KIND_PARAMS = [
     pytest.param(name, id=name, marks=_KIND_MARKS.get(name, [])) for name in STORE_KINDS
 ]

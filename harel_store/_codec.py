@@ -1,0 +1,263 @@
+"""The codec of the durable stores: the one place that knows the types of what they hold.
+
+A durable store keeps an execution as one encoded blob beside its ``version`` column, and
+each event, spawn context, spawn root path and trace step as an encoded value. It calls
+four methods of its codec, and the optional fifth:
+
+``encode_execution(exe) -> str | bytes``
+    The execution without its ``version`` (the store keeps that in its own column).
+``decode_execution(data) -> exe``
+    A new object, equal field by field to the one encoded; the store then sets its
+    ``version``.
+``encode_value(value) -> str | bytes``
+    An event, a spawn context or root path, a trace step (a ``dict``).
+``decode_value(data) -> value``
+    A new value equal to the one encoded. A trace step must come back as a ``dict``.
+``canonical_value(value) -> str | bytes`` (optional)
+    The same value always encoded the same way, dicts in any key order included: what a
+    replayed ``commit_id`` is compared with (a SHA-256 of it is stored). Without it the
+    store uses ``encode_value``, which must then be deterministic for equal values.
+
+Each method either returns or raises ``TypeError`` (or ``ValueError``) for what it cannot
+encode; the store re-raises it as a ``TypeError`` naming the item (the execution, the
+event of ``emits[i]``, ...) before it writes anything. ``str`` is stored as SQLite
+``TEXT``, ``bytes`` as a ``BLOB``; decoding gets back what encoding returned.
+
+An engine with its own execution class passes ``codec=`` an object with these methods,
+often a :class:`JsonCodec` subclass that overrides the execution pair (and, for values
+JSON cannot hold, the value pair)::
+
+    class OrderCodec(JsonCodec):
+        def encode_execution(self, exe):
+            return self.encode_value({"id": exe.id, "state": exe.state, "items": exe.items})
+
+        def decode_execution(self, data):
+            return Order(**self.decode_value(data))
+
+The default, :data:`JSON`, a :class:`JsonCodec`, round-trips :class:`~harel_store.Execution`
+exactly and any value built of ``None``, ``bool``, ``int``, ``float``, ``str``, ``list``,
+``tuple`` and ``dict`` with ``str`` keys, nested as deep as Python's recursion limit
+allows: tuples come back as tuples, floats as floats (``nan`` and the infinities
+included), strings exactly (NUL, lone surrogates and astral characters included: the
+text is pure ASCII, every other character escaped). Only these exact types are accepted:
+a subclass (an ``IntEnum``, a ``NamedTuple``, an ``OrderedDict``) would come back as its
+base type, so it is refused, as are a dict key that is not a ``str`` and a cycle.
+
+The JSON is plain, with one tag: a tuple is ``{"__tuple__": [items]}``. A dict whose only
+key is ``"__tuple__"`` or ``"__dict__"`` is written ``{"__dict__": [[key, value]]}``, so
+no dict is ever mistaken for a tag. An execution is a JSON object of its fields but
+``version``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
+from typing import Any, Protocol, runtime_checkable
+
+from ._records import Execution
+
+__all__ = ["JSON", "Codec", "JsonCodec"]
+
+_TUPLE = "__tuple__"
+_DICT = "__dict__"
+_SCALARS = frozenset([str, int, float, bool, type(None)])
+_FIELDS = (
+    "id",
+    "definition_id",
+    "status",
+    "outcome",
+    "active_path",
+    "history",
+    "context",
+    "parent_id",
+    "child_id",
+    "children",
+)
+_ACCEPTS = "None, bool, int, float, str, list, tuple and dict with str keys"
+
+
+@runtime_checkable
+class Codec(Protocol):
+    """What a durable store needs of ``codec=`` (``canonical_value`` is optional)."""
+
+    def encode_execution(self, exe: Any) -> str | bytes: ...
+    def decode_execution(self, data: str | bytes) -> Any: ...
+    def encode_value(self, value: Any) -> str | bytes: ...
+    def decode_value(self, data: str | bytes) -> Any: ...
+
+
+class _Refused(Exception):
+    """Raised inside the tagging walk; turned into a ``TypeError`` with a location."""
+
+
+def _tag(value: Any) -> Any:
+    """``value`` in the form ``json`` writes as intended: the very object when nothing in
+    it needs a tag (the common case, no copy), else a copy with tuples tagged."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is dict:
+        return _tag_dict(value)
+    if kind is list:
+        return _tag_items(value)
+    if kind is tuple:
+        return {_TUPLE: _tag_items(value)}
+    raise _Refused
+
+
+def _tag_items(items: Any) -> Any:
+    for i, item in enumerate(items):
+        if type(item) not in _SCALARS:
+            tagged = _tag(item)
+            if tagged is not item:
+                out = list(items[:i])
+                out.append(tagged)
+                for item in items[i + 1 :]:
+                    out.append(item if type(item) in _SCALARS else _tag(item))
+                return out
+    return items
+
+
+def _tag_dict(value: dict[Any, Any]) -> Any:
+    if len(value) == 1 and (_TUPLE in value or _DICT in value):
+        return {_DICT: [[key, _tag(item)] for key, item in value.items()]}
+    out = None
+    for key, item in value.items():
+        if type(key) is not str:
+            raise _Refused
+        if type(item) not in _SCALARS:
+            tagged = _tag(item)
+            if tagged is not item:
+                if out is None:
+                    out = value.copy()
+                out[key] = tagged
+    return value if out is None else out
+
+
+def _untag(obj: dict[str, Any]) -> Any:
+    if len(obj) == 1:
+        if _TUPLE in obj:
+            return tuple(obj[_TUPLE])
+        if _DICT in obj:
+            return dict(obj[_DICT])
+    return obj
+
+
+def _locate(value: Any, where: str = "") -> str:
+    """Where in ``value`` the first thing JSON cannot hold is, and what it is."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return ""
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                return f"a dict key {key!r} ({type(key).__name__}) at {where or 'the top'}"
+            found = _locate(item, f"{where}[{key!r}]")
+            if found:
+                return found
+        return ""
+    if kind is list or kind is tuple:
+        for i, item in enumerate(value):
+            found = _locate(item, f"{where}[{i}]")
+            if found:
+                return found
+        return ""
+    return f"a {kind.__qualname__} at {where or 'the top'}"
+
+
+def _refusal(value: Any) -> TypeError:
+    try:
+        found = _locate(value)
+    except RecursionError:
+        found = ""
+    if not found:
+        return TypeError("nested too deeply for JSON, or it contains itself")
+    return TypeError(f"{found} is not a JSON value ({_ACCEPTS}); pass codec= for other types")
+
+
+def _make_encoder(sort_keys: bool) -> Callable[[Any], str]:
+    """A compact JSON writer, made once: ``json.dumps`` builds its C encoder on every call."""
+    if c_make_encoder is None:  # an interpreter without the C accelerator
+        return json.JSONEncoder(
+            separators=(",", ":"), check_circular=False, sort_keys=sort_keys
+        ).encode
+    write = c_make_encoder(
+        None, None, encode_basestring_ascii, None, ":", ",", sort_keys, False, True
+    )
+    join = "".join
+    return lambda value: join(write(value, 0))
+
+
+_encode = _make_encoder(False)
+_encode_sorted = _make_encoder(True)
+_decode = json.JSONDecoder(object_hook=_untag).decode
+
+
+class JsonCodec:
+    """The default codec: JSON text, tuples tagged (see the module docstring).
+
+    Subclass it to encode an engine's own execution class (override
+    :meth:`encode_execution`/:meth:`decode_execution`) or richer values (override the
+    value methods); a subclass may call the ``encode_value``/``decode_value`` of this
+    class for the JSON part.
+    """
+
+    __slots__ = ()
+
+    def encode_execution(self, exe: Any) -> str:
+        """An :class:`~harel_store.Execution` as a JSON object of its fields but
+        ``version``."""
+        if type(exe) is not Execution:
+            raise TypeError(
+                f"the default codec encodes harel_store.Execution, not {type(exe).__qualname__}: "
+                "pass codec= for an execution class of your own"
+            )
+        fields = {
+            "id": exe.id,
+            "definition_id": exe.definition_id,
+            "status": exe.status,
+            "outcome": exe.outcome,
+            "active_path": exe.active_path,
+            "history": exe.history,
+            "context": exe.context,
+            "parent_id": exe.parent_id,
+            "child_id": exe.child_id,
+            "children": exe.children,
+        }
+        try:
+            return _encode(_tag_dict(fields))
+        except (_Refused, RecursionError):
+            raise _refusal(fields) from None
+        except ValueError as exc:  # an int too long to write
+            raise TypeError(str(exc)) from None
+
+    def decode_execution(self, data: str | bytes) -> Execution:
+        fields = _decode(data if type(data) is str else bytes(data).decode())
+        return Execution(**{name: fields[name] for name in _FIELDS if name in fields})
+
+    def encode_value(self, value: Any) -> str:
+        """``value`` as JSON text, in its own key order."""
+        try:
+            return _encode(_tag(value))
+        except (_Refused, RecursionError):
+            raise _refusal(value) from None
+        except ValueError as exc:
+            raise TypeError(str(exc)) from None
+
+    def decode_value(self, data: str | bytes) -> Any:
+        return _decode(data if type(data) is str else bytes(data).decode())
+
+    def canonical_value(self, value: Any) -> str:
+        """``value`` as JSON text with every dict's keys sorted: equal values, equal text."""
+        try:
+            return _encode_sorted(_tag(value))
+        except (_Refused, RecursionError):
+            raise _refusal(value) from None
+        except ValueError as exc:
+            raise TypeError(str(exc)) from None
+
+
+JSON = JsonCodec()
+"""The codec a durable store uses when it is given none."""

@@ -1,0 +1,1089 @@
+"""``SqliteStore``: the durable store for one machine, on the standard library's ``sqlite3``.
+
+Any number of store objects, in any threads and processes, may share one database file
+(one store object is used by one thread at a time). ``":memory:"`` is a private database
+of one store object, gone when it closes.
+
+Schema (version :data:`SCHEMA_VERSION`, created on first open; :data:`MIGRATIONS` is a
+list whose index is the version it upgrades from, recorded in ``harel_store_schema``):
+
+- ``executions(id, version, epoch, body)``: the codec's blob beside its broken-out
+  ``version`` and the writer ``epoch``.
+- ``outbox(seq, target_id, event, lease_until)`` and ``spawns(seq, parent_id, child_id,
+  root_path, context, lease_until)``: ``seq`` an ``AUTOINCREMENT`` key, so seqs start at 1,
+  are never reused and leave no gap (a refused commit rolls back, allocating nothing).
+- ``processed(execution_id, event_id)``: the dedupe marks.
+- ``timers(seq, execution_id, path, fire_at, lease_until)``: ``seq`` is the arming
+  order; re-arming replaces the row, so it gets a new ``seq`` and no lease.
+- ``trace(n, execution_id, idx, step)`` and ``trace_index(execution_id, next_index,
+  steps)``: the ring, trimmed in SQL, and the per-execution monotonic index. A step is
+  stored as it was handed; ``idx`` is the index it was stamped with, added on read when
+  the step carries no ``"index"`` of its own.
+- ``commit_ids(execution_id, commit_id, digest, version)``: a SHA-256 of the commit's body
+  in the codec's canonical encoding, and the version the commit produced.
+- ``work(n)``: a counter bumped by each commit that enqueues outbox or spawn entries or
+  arms a timer; :meth:`SqliteStore.wait_for_work` polls it.
+
+Every write is one ``BEGIN IMMEDIATE`` transaction: it takes the write lock before it
+reads, so two writers never both read a version and then race to write it, and a busy
+database is waited out by the busy timeout (a deferred ``BEGIN`` that upgrades a read
+lock fails at once with "database is locked" instead). Under that lock the CAS is
+``UPDATE ... WHERE id = ? AND version = ?``, or an ``INSERT`` when no row exists; of two
+writers at the same version exactly one wins, in any processes. The database runs in WAL
+mode, so readers never wait for the writer.
+
+Costs, for a database of N executions: ``load``, ``save``, ``commit``, ``is_processed``,
+``delete_timer``, acks and ``forget`` are index lookups (``O(log N)`` each, plus what the
+call writes); ``commit`` trims the trace ring by deleting just the overflow;
+``due_timers``/``claim_due_timers`` walk the ``(fire_at, seq)`` index over the due timers
+only; ``claim_outbox``/``claim_spawns`` walk the seq order over the leased entries they
+skip and the ones they return; ``pending_*`` and ``read_trace`` read what they return;
+``stats`` counts rows, ``O(N)``, about a millisecond per hundred thousand rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import functools
+import hashlib
+import os
+import sqlite3
+import time
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from . import _checks
+from ._codec import JSON
+from ._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError
+from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "AsyncSqliteStore", "SqliteStore"]
+
+SCHEMA_TABLE = "harel_store_schema"
+
+# MIGRATIONS[v] takes a database from schema version v to v + 1; never edit a released one.
+MIGRATIONS: list[tuple[str, ...]] = [
+    (
+        f"CREATE TABLE {SCHEMA_TABLE} (version INTEGER NOT NULL)",
+        f"INSERT INTO {SCHEMA_TABLE} (version) VALUES (0)",
+        (
+            "CREATE TABLE executions ("
+            " id TEXT PRIMARY KEY, version INTEGER NOT NULL, epoch INTEGER, body BLOB NOT NULL)"
+        ),
+        (
+            "CREATE TABLE outbox ("
+            " seq INTEGER PRIMARY KEY AUTOINCREMENT, target_id TEXT, event BLOB NOT NULL,"
+            " lease_until REAL NOT NULL DEFAULT 0)"
+        ),
+        (
+            "CREATE TABLE spawns ("
+            " seq INTEGER PRIMARY KEY AUTOINCREMENT, parent_id TEXT NOT NULL,"
+            " child_id TEXT NOT NULL, root_path BLOB NOT NULL, context BLOB NOT NULL,"
+            " lease_until REAL NOT NULL DEFAULT 0)"
+        ),
+        (
+            "CREATE TABLE processed ("
+            " execution_id TEXT NOT NULL, event_id TEXT NOT NULL,"
+            " PRIMARY KEY (execution_id, event_id)) WITHOUT ROWID"
+        ),
+        (
+            "CREATE TABLE timers ("
+            " seq INTEGER PRIMARY KEY AUTOINCREMENT, execution_id TEXT NOT NULL,"
+            " path TEXT NOT NULL, fire_at REAL NOT NULL, lease_until REAL NOT NULL DEFAULT 0,"
+            " UNIQUE (execution_id, path))"
+        ),
+        "CREATE INDEX timers_by_fire_at ON timers (fire_at, seq)",
+        (
+            "CREATE TABLE trace ("
+            " n INTEGER PRIMARY KEY, execution_id TEXT NOT NULL, idx INTEGER NOT NULL,"
+            " step BLOB NOT NULL)"
+        ),
+        "CREATE INDEX trace_by_execution ON trace (execution_id, n)",
+        (
+            "CREATE TABLE trace_index ("
+            " execution_id TEXT PRIMARY KEY, next_index INTEGER NOT NULL,"
+            " steps INTEGER NOT NULL) WITHOUT ROWID"
+        ),
+        (
+            "CREATE TABLE commit_ids ("
+            " execution_id TEXT NOT NULL, commit_id TEXT NOT NULL, digest BLOB NOT NULL,"
+            " version INTEGER NOT NULL, PRIMARY KEY (execution_id, commit_id)) WITHOUT ROWID"
+        ),
+        "CREATE TABLE work (id INTEGER PRIMARY KEY CHECK (id = 1), n INTEGER NOT NULL)",
+        "INSERT INTO work (id, n) VALUES (1, 0)",
+    ),
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+SYNCHRONOUS = ("NORMAL", "FULL")
+_MEMORY = ":memory:"
+_POLL_FIRST = 0.002  # wait_for_work: the first pause between two looks at the counter,
+_POLL_MAX = 0.02  # doubled up to this one (the latency of a wake-up)
+
+_CAS = "UPDATE executions SET version = ?, body = ? WHERE id = ? AND version = ?"
+_CAS_EPOCH = (
+    "UPDATE executions SET version = ?, body = ?, epoch = ?"
+    " WHERE id = ? AND version = ? AND (epoch IS NULL OR epoch <= ?)"
+)
+_FIND = "SELECT version, epoch FROM executions WHERE id = ?"
+_INSERT = "INSERT INTO executions (id, version, epoch, body) VALUES (?, ?, ?, ?)"
+_EMIT = "INSERT INTO outbox (target_id, event) VALUES (?, ?)"
+_MARK = "INSERT OR IGNORE INTO processed (execution_id, event_id) VALUES (?, ?)"
+_ARM = "INSERT OR REPLACE INTO timers (execution_id, path, fire_at) VALUES (?, ?, ?)"
+_DISARM = "DELETE FROM timers WHERE execution_id = ? AND path = ?"
+_SPAWN = "INSERT INTO spawns (parent_id, child_id, root_path, context) VALUES (?, ?, ?, ?)"
+_DONE = "SELECT digest, version FROM commit_ids WHERE execution_id = ? AND commit_id = ?"
+_RECORD = "INSERT INTO commit_ids (execution_id, commit_id, digest, version) VALUES (?, ?, ?, ?)"
+_BUMP = "UPDATE work SET n = n + 1"
+_TRACE_INDEX = "SELECT next_index, steps FROM trace_index WHERE execution_id = ?"
+_FORGET = tuple(
+    f"DELETE FROM {table} WHERE {column} = ?"
+    for table, column in (
+        ("executions", "id"),
+        ("processed", "execution_id"),
+        ("timers", "execution_id"),
+        ("trace", "execution_id"),
+        ("trace_index", "execution_id"),
+        ("commit_ids", "execution_id"),
+    )
+)
+_STATS = "SELECT " + ", ".join(
+    f"(SELECT count(*) FROM {table})"
+    for table in ("executions", "outbox", "spawns", "timers", "processed", "trace_index", "trace")
+)
+_STATS_KEYS = ("executions", "outbox", "spawns", "timers", "processed", "traces", "trace_steps")
+_CLAIM = {
+    "outbox": (
+        "SELECT seq, target_id, event FROM outbox WHERE lease_until <= ? ORDER BY seq LIMIT ?",
+        "UPDATE outbox SET lease_until = ? WHERE seq = ?",
+    ),
+    "spawns": (
+        (
+            "SELECT seq, parent_id, child_id, root_path, context FROM spawns"
+            " WHERE lease_until <= ? ORDER BY seq LIMIT ?"
+        ),
+        "UPDATE spawns SET lease_until = ? WHERE seq = ?",
+    ),
+}
+_CLAIM_TIMERS = (
+    "SELECT seq, execution_id, path, fire_at FROM timers"
+    " WHERE fire_at <= ? AND lease_until <= ? ORDER BY fire_at, seq LIMIT ?"
+)
+_LEASE_TIMER = "UPDATE timers SET lease_until = ? WHERE seq = ?"
+
+
+def _closed() -> ValueError:
+    return ValueError("I/O operation on a closed store")
+
+
+def _options(
+    path: Any, trace_max: Any, codec: Any, synchronous: Any, busy_timeout: Any, clock: Any
+) -> tuple[str, int | None, Any, str, float, Callable[[], float]]:
+    """The constructor's arguments, checked (shared by the sync and async stores)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or a path, got {type(path).__name__}")
+    path = os.fspath(path)
+    if not isinstance(path, str):
+        raise TypeError(f"path must be a str or a path, got {type(path).__name__}")
+    if not path:
+        raise ValueError("path must not be empty (':memory:' opens a private in-memory database)")
+    size = _checks.as_trace_max(trace_max)
+    if codec is None:
+        codec = JSON
+    else:
+        for name in ("encode_execution", "decode_execution", "encode_value", "decode_value"):
+            if not callable(getattr(codec, name, None)):
+                raise TypeError(
+                    f"codec must have the methods encode_execution, decode_execution, "
+                    f"encode_value and decode_value; {type(codec).__name__} has no {name}()"
+                )
+    if not isinstance(synchronous, str):
+        raise TypeError(f"synchronous must be a str, got {type(synchronous).__name__}")
+    if synchronous.upper() not in SYNCHRONOUS:
+        raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
+    timeout = _checks.as_time(busy_timeout, "busy_timeout")
+    if not 0.0 < timeout < float("inf"):
+        raise ValueError(f"busy_timeout must be a positive number of seconds, got {busy_timeout!r}")
+    if clock is None:
+        clock = time.time
+    elif not callable(clock):
+        raise TypeError(f"clock must be a function giving seconds, got {type(clock).__name__}")
+    return path, size, codec, synchronous.upper(), timeout, clock
+
+
+class SqliteStore:
+    """The durable ``ExecutionStore`` for one machine (see the module docstring).
+
+    ``path`` is a database file, created if missing, or ``":memory:"``. ``codec``
+    encodes executions and values (default: JSON, see :mod:`harel_store._codec`).
+    ``synchronous`` is SQLite's: ``"NORMAL"`` (a commit survives the process being
+    killed; the last commits before a power loss or OS crash may be lost) or ``"FULL"``
+    (an fsync per commit: it survives those too). ``busy_timeout`` is how long a call
+    waits for another writer before it gives up. ``clock`` gives the wall-clock seconds
+    that leases are timed by (``time.time``: it must agree across processes).
+    """
+
+    preserves_identity = False
+    durable = True
+
+    __slots__ = (
+        "__weakref__",
+        "_canonical",
+        "_clock",
+        "_codec",
+        "_conn",
+        "_path",
+        "_seen_work",
+        "_trace_max",
+    )
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        trace_max: int | None = DEFAULT_TRACE_MAX,
+        codec: Any = None,
+        synchronous: str = "NORMAL",
+        busy_timeout: float = 30.0,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self._conn: sqlite3.Connection | None = None
+        path, size, codec, synchronous, timeout, clock = _options(
+            path, trace_max, codec, synchronous, busy_timeout, clock
+        )
+        self._path = path
+        self._trace_max = size
+        self._codec = codec
+        self._canonical = getattr(codec, "canonical_value", None) or codec.encode_value
+        self._clock = clock
+        try:
+            conn = sqlite3.connect(
+                path,
+                timeout=timeout,
+                isolation_level=None,
+                check_same_thread=False,
+                cached_statements=256,
+            )
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the SQLite database {path!r}: {exc}") from exc
+        try:
+            _prepare(conn, path, synchronous)
+            self._seen_work = conn.execute("SELECT n FROM work").fetchone()[0]
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(f"cannot open the SQLite database {path!r}: {exc}") from exc
+            raise
+        self._conn = conn
+
+    def __repr__(self) -> str:
+        state = "closed" if self._conn is None else "open"
+        return f"<{type(self).__name__} {self._path!r} {state}>"
+
+    def __enter__(self) -> Self:
+        if self._conn is None:
+            raise _closed()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def path(self) -> str:
+        """The database file, or ``":memory:"``."""
+        return self._path
+
+    @property
+    def trace_max(self) -> int | None:
+        """Steps kept per execution; ``0``/``None`` keeps all. A change applies to an
+        execution's ring at its next append."""
+        return self._trace_max
+
+    @trace_max.setter
+    def trace_max(self, value: int | None) -> None:
+        self._trace_max = _checks.as_trace_max(value)
+
+    # --- executions --------------------------------------------------------------------
+
+    def load(self, execution_id: str) -> Any:
+        """A new object decoded from the stored execution, with the stored ``version``;
+        ``None`` when there is none."""
+        conn = self._conn
+        if conn is None:
+            raise _closed()
+        if type(execution_id) is not str:
+            _checks.str_id(execution_id, "execution_id")
+        row = conn.execute(
+            "SELECT version, body FROM executions WHERE id = ?", (execution_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        exe = self._codec.decode_execution(row[1])
+        exe.version = row[0]
+        return exe
+
+    def save(self, exe: Any, *, epoch: int | None = None) -> None:
+        """CAS-write ``exe`` and bump ``exe.version``: it succeeds when no row exists for
+        ``exe.id`` or the stored version equals ``exe.version``, else raises
+        :class:`StoreConflict`. With ``epoch``, a greater stored epoch raises
+        :class:`StaleWriter` first; a greater ``epoch`` is stored."""
+        conn = self._conn
+        if conn is None:
+            raise _closed()
+        eid = _exe_id(exe)
+        if epoch is not None:
+            epoch = _checks.as_epoch(epoch)
+        version = _exe_version(exe)
+        blob = self._encode_exe(exe, eid)
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            _cas(conn, eid, version, blob, epoch)
+            _set_version(exe, version + 1)
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn, exe, version)
+            raise
+
+    def commit(
+        self,
+        exe: Any,
+        emits: Iterable[tuple[str | None, Any]],
+        processed_event_id: str | None = None,
+        timers: Iterable[TimerOp] = (),
+        spawns: Iterable[tuple[str, Any, Mapping[str, Any]]] = (),
+        trace: Mapping[str, Any] | None = None,
+        *,
+        commit_id: str | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        """The event-boundary write, in one transaction: save ``exe`` (CAS), enqueue
+        ``emits``, mark ``processed_event_id``, apply ``timers``, enqueue ``spawns``,
+        record ``trace``. All or nothing, and durable once it returns.
+
+        With ``commit_id``, a commit this execution already applied with an equal body
+        writes nothing and sets ``exe.version`` to the version it produced; another body
+        raises :class:`IdempotencyConflict`. That check comes before the epoch check
+        (:class:`StaleWriter`) and the CAS (:class:`StoreConflict`).
+        """
+        conn = self._conn
+        if conn is None:
+            raise _closed()
+        eid = _exe_id(exe)
+        body = _checks.commit_body(emits, processed_event_id, timers, spawns, trace, str_ids=True)
+        if commit_id is not None:
+            commit_id = _checks.as_commit_id(commit_id)
+        if epoch is not None:
+            epoch = _checks.as_epoch(epoch)
+        version = _exe_version(exe)
+
+        # Encode everything before the transaction: a value the codec refuses is a
+        # TypeError naming it, and nothing is written.
+        blob = self._encode_exe(exe, eid)
+        encode = self._encode
+        events = [
+            (target, encode(event, "the event of emits", i))
+            for i, (target, event) in enumerate(body.emits)
+        ]
+        born = [
+            (
+                eid,
+                child_id,
+                encode(root_path, "the root_path of spawns", i),
+                encode(context, "the context of spawns", i),
+            )
+            for i, (child_id, root_path, context) in enumerate(body.spawns)
+        ]
+        step = None if body.trace is None else encode(body.trace, "the trace step")
+        digest = None if commit_id is None else self._digest(body, commit_id)
+        armed = False
+        for op in body.timers:
+            if op[0] == "schedule":
+                armed = True
+                break
+
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if digest is not None:
+                done = conn.execute(_DONE, (eid, commit_id)).fetchone()
+                if done is not None:
+                    conn.execute("ROLLBACK")
+                    if done[0] != digest:
+                        raise IdempotencyConflict(eid, commit_id)  # type: ignore[arg-type]
+                    _set_version(exe, done[1])
+                    return
+            new = version + 1
+            _cas(conn, eid, version, blob, epoch)
+            if events:
+                if len(events) == 1:
+                    conn.execute(_EMIT, events[0])
+                else:
+                    conn.executemany(_EMIT, events)
+            if body.processed_event_id is not None:
+                conn.execute(_MARK, (eid, body.processed_event_id))
+            for action, path, fire_at in body.timers:
+                if action == "schedule":
+                    conn.execute(_ARM, (eid, path, fire_at))
+                else:
+                    conn.execute(_DISARM, (eid, path))
+            if born:
+                conn.executemany(_SPAWN, born)
+            if step is not None:
+                self._push_step(conn, eid, step)
+            if digest is not None:
+                conn.execute(_RECORD, (eid, commit_id, digest, new))
+            if events or born or armed:
+                conn.execute(_BUMP)
+            _set_version(exe, new)
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn, exe, version)
+            raise
+
+    def is_processed(self, execution_id: str, event_id: str) -> bool:
+        """Whether a commit of ``execution_id`` recorded ``event_id`` as handled."""
+        conn = self._conn
+        if conn is None:
+            raise _closed()
+        _checks.str_id(execution_id, "execution_id")
+        _checks.str_id(event_id, "event_id")
+        row = conn.execute(
+            "SELECT 1 FROM processed WHERE execution_id = ? AND event_id = ?",
+            (execution_id, event_id),
+        ).fetchone()
+        return row is not None
+
+    # --- outbox and spawns -------------------------------------------------------------
+
+    def pending_outbox(self) -> list[OutboxEntry]:
+        """The unacked outbox entries, oldest first, leased ones included."""
+        conn = self._conn
+        if conn is None:
+            raise _closed()
+        rows = conn.execute("SELECT seq, target_id, event FROM outbox ORDER BY seq").fetchall()
+        return self._outbox_entries(rows)
+
+    def ack_outbox(self, seq: int) -> None:
+        """Drop the outbox entry ``seq`` (ending its lease); an unknown or already-acked
+        seq is a no-op."""
+        if type(seq) is not int:
+            seq = _checks.as_int(seq, "seq")
+        self._write_one("DELETE FROM outbox WHERE seq = ?", (seq,))
+
+    def claim_outbox(self, limit: int = 100, *, lease: float = 30.0) -> list[OutboxEntry]:
+        """Lease up to ``limit`` unacked outbox entries that no live lease holds, oldest
+        first, for ``lease`` seconds: until then no claim of any store object on this
+        database returns them; unacked after it, they are claimable again."""
+        return self._outbox_entries(self._claim("outbox", limit, lease))
+
+    def pending_spawns(self) -> list[SpawnEntry]:
+        """The unacked spawn intents, oldest first, leased ones included."""
+        conn = self._conn
+        if conn is None:
+            raise _closed()
+        rows = conn.execute(
+            "SELECT seq, parent_id, child_id, root_path, context FROM spawns ORDER BY seq"
+        ).fetchall()
+        return self._spawn_entries(rows)
+
+    def ack_spawn(self, seq: int) -> None:
+        """Drop the spawn intent ``seq`` (ending its lease); an unknown or already-acked
+        seq is a no-op."""
+        if type(seq) is not int:
+            seq = _checks.as_int(seq, "seq")
+        self._write_one("DELETE FROM spawns WHERE seq = ?", (seq,))
+
+    def claim_spawns(self, limit: int = 100, *, lease: float = 30.0) -> list[SpawnEntry]:
+        """:meth:`claim_outbox` for the spawn intents."""
+        return self._spawn_entries(self._claim("spawns", limit, lease))
+
+    # --- timers ------------------------------------------------------------------------
+
+    def due_timers(self, now: float) -> list[tuple[str, str, float]]:
+        """``(execution_id, path, fire_at)`` of every armed timer with ``fire_at <= now``,
+        oldest ``fire_at`` first (ties in arming order), leased ones included."""
+        conn = self._conn
+        if conn is None:
+            raise _closed()
+        now = _checks.as_now(now)
+        return conn.execute(
+            "SELECT execution_id, path, fire_at FROM timers WHERE fire_at <= ?"
+            " ORDER BY fire_at, seq",
+            (now,),
+        ).fetchall()
+
+    def claim_due_timers(
+        self, now: float, limit: int = 100, *, lease: float = 30.0
+    ) -> list[tuple[str, str, float]]:
+        """Lease up to ``limit`` due timers that no live lease holds, oldest ``fire_at``
+        first, for ``lease`` seconds (see :meth:`claim_outbox`). Deleting or re-arming a
+        timer ends its lease."""
+        conn = self._conn
+        if conn is None:
+            raise _closed()
+        now = _checks.as_now(now)
+        limit = _checks.as_limit(limit)
+        lease = _checks.as_lease(lease)
+        if not limit:
+            return []
+        clock = self._now()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            rows = conn.execute(_CLAIM_TIMERS, (now, clock, limit)).fetchall()
+            if rows:
+                until = clock + lease
+                conn.executemany(_LEASE_TIMER, [(until, row[0]) for row in rows])
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
+        return [row[1:] for row in rows]
+
+    def delete_timer(self, execution_id: str, path: str, fire_at: float) -> None:
+        """Disarm the timer only if it still fires at ``fire_at``, so a sweep that read it
+        before a re-arm cannot delete the re-armed timer. Ends its lease."""
+        _checks.str_id(execution_id, "execution_id")
+        _checks.str_id(path, "path")
+        fire_at = _checks.as_time(fire_at, "fire_at")
+        self._write_one(
+            "DELETE FROM timers WHERE execution_id = ? AND path = ? AND fire_at = ?",
+            (execution_id, path, fire_at),
+        )
+
+    # --- trace -------------------------------------------------------------------------
+
+    def append_trace(self, execution_id: str, entry: Mapping[str, Any]) -> None:
+        """Record a trace step for ``execution_id`` outside a commit."""
+        self._record_trace(execution_id, entry)
+
+    def read_trace(self, execution_id: str) -> list[dict[str, Any]]:
+        """The recent steps of ``execution_id``, oldest first, decoded anew (or ``[]``)."""
+        conn = self._conn
+        if conn is None:
+            raise _closed()
+        _checks.str_id(execution_id, "execution_id")
+        rows = conn.execute(
+            "SELECT idx, step FROM trace WHERE execution_id = ? ORDER BY n", (execution_id,)
+        ).fetchall()
+        decode = self._codec.decode_value
+        steps = []
+        for index, data in rows:
+            step = decode(data)
+            if "index" not in step:
+                step["index"] = index
+            steps.append(step)
+        return steps
+
+    # --- retention, monitoring, wake-ups -----------------------------------------------
+
+    def forget(self, execution_id: str) -> None:
+        """Drop an execution with its processed marks, armed timers, trace ring, trace
+        index, commit ids and writer epoch, in one transaction. Pending outbox and spawn
+        entries stay: they are owed to a relay. An unknown id is a no-op."""
+        conn = self._conn
+        if conn is None:
+            raise _closed()
+        _checks.str_id(execution_id, "execution_id")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for sql in _FORGET:
+                conn.execute(sql, (execution_id,))
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
+
+    def stats(self) -> dict[str, int]:
+        """Counts for monitoring, read in one snapshot (each a count of rows)."""
+        conn = self._conn
+        if conn is None:
+            raise _closed()
+        return dict(zip(_STATS_KEYS, conn.execute(_STATS).fetchone()))
+
+    def wait_for_work(self, timeout: float) -> bool:
+        """``True`` as soon as any store object on this database has committed outbox or
+        spawn entries or armed a timer since this object was opened or since its previous
+        ``wait_for_work`` returned; ``False`` after ``timeout`` seconds without one. It
+        looks at a counter row, pausing 2 ms between looks at first and up to 20 ms."""
+        if self._conn is None:
+            raise _closed()
+        timeout = _checks.as_timeout(timeout)
+        deadline = time.monotonic() + timeout
+        pause = _POLL_FIRST
+        while not self._take_work():
+            left = deadline - time.monotonic()
+            if left <= 0.0:
+                return False
+            time.sleep(min(pause, left))
+            pause = min(pause * 2.0, _POLL_MAX)
+        return True
+
+    def close(self) -> None:
+        """Close the database connection; a second close does nothing. Every other method
+        of a closed store raises ``ValueError``."""
+        conn = self._conn
+        if conn is not None:
+            self._conn = None
+            conn.close()
+
+    def _record_trace(self, execution_id: str, entry: Mapping[str, Any]) -> None:
+        conn = self._conn
+        if conn is None:
+            raise _closed()
+        step = _checks.trace_step(entry, "trace entry")
+        _checks.str_id(execution_id, "execution_id")
+        data = self._encode(step, "the trace entry")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._push_step(conn, execution_id, data)
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
+
+    # --- helpers -----------------------------------------------------------------------
+
+    def _take_work(self) -> bool:
+        """Whether the work counter moved since this object last saw it (and see it)."""
+        conn = self._conn
+        if conn is None:
+            raise _closed()
+        n = conn.execute("SELECT n FROM work").fetchone()[0]
+        if n == self._seen_work:
+            return False
+        self._seen_work = n
+        return True
+
+    def _now(self) -> float:
+        now = self._clock()
+        if type(now) is not float:
+            now = _checks.as_time(now, "clock()")
+        return now  # type: ignore[no-any-return]
+
+    def _write_one(self, sql: str, params: tuple[Any, ...]) -> None:
+        conn = self._conn
+        if conn is None:
+            raise _closed()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(sql, params)
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
+
+    def _claim(self, table: str, limit: Any, lease: Any) -> list[tuple[Any, ...]]:
+        conn = self._conn
+        if conn is None:
+            raise _closed()
+        limit = _checks.as_limit(limit)
+        lease = _checks.as_lease(lease)
+        if not limit:
+            return []
+        select, update = _CLAIM[table]
+        clock = self._now()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            rows = conn.execute(select, (clock, limit)).fetchall()
+            if rows:
+                until = clock + lease
+                conn.executemany(update, [(until, row[0]) for row in rows])
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
+        return rows  # type: ignore[no-any-return]
+
+    def _outbox_entries(self, rows: list[Any]) -> list[OutboxEntry]:
+        decode = self._codec.decode_value
+        return [OutboxEntry(seq, target, decode(event)) for seq, target, event in rows]
+
+    def _spawn_entries(self, rows: list[Any]) -> list[SpawnEntry]:
+        decode = self._codec.decode_value
+        return [
+            SpawnEntry(seq, parent, child, decode(root_path), decode(context))
+            for seq, parent, child, root_path, context in rows
+        ]
+
+    def _push_step(self, conn: sqlite3.Connection, eid: str, data: Any) -> None:
+        """Append an encoded step to the ring of ``eid`` and trim the ring to
+        ``trace_max``, deleting only the overflow."""
+        row = conn.execute(_TRACE_INDEX, (eid,)).fetchone()
+        index, steps = (0, 1) if row is None else (row[0], row[1] + 1)
+        conn.execute(
+            "INSERT INTO trace (execution_id, idx, step) VALUES (?, ?, ?)", (eid, index, data)
+        )
+        keep = self._trace_max
+        if keep and steps > keep:
+            conn.execute(
+                "DELETE FROM trace WHERE n IN"
+                " (SELECT n FROM trace WHERE execution_id = ? ORDER BY n LIMIT ?)",
+                (eid, steps - keep),
+            )
+            steps = keep
+        if row is None:
+            conn.execute(
+                "INSERT INTO trace_index (execution_id, next_index, steps) VALUES (?, 1, 1)", (eid,)
+            )
+        else:
+            conn.execute(
+                "UPDATE trace_index SET next_index = ?, steps = ? WHERE execution_id = ?",
+                (index + 1, steps, eid),
+            )
+
+    def _encode_exe(self, exe: Any, eid: str) -> Any:
+        try:
+            data = self._codec.encode_execution(exe)
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+            raise TypeError(f"cannot encode the execution {eid!r}: {exc}") from exc
+        if type(data) is not str and type(data) is not bytes:
+            raise TypeError(
+                f"the codec encoded the execution {eid!r} as a {type(data).__name__}, "
+                "not a str or bytes"
+            )
+        return data
+
+    def _encode(self, value: Any, what: str, i: int = -1) -> Any:
+        try:
+            data = self._codec.encode_value(value)
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+            where = what if i < 0 else f"{what}[{i}]"
+            raise TypeError(f"cannot encode {where}: {exc}") from exc
+        if type(data) is not str and type(data) is not bytes:
+            where = what if i < 0 else f"{what}[{i}]"
+            raise TypeError(
+                f"the codec encoded {where} as a {type(data).__name__}, not a str or bytes"
+            )
+        return data
+
+    def _digest(self, body: _checks.Body, commit_id: str) -> bytes:
+        """What a replay of ``commit_id`` is compared with: a SHA-256 of the body in the
+        codec's canonical encoding."""
+        value = [
+            [[target, event] for target, event in body.emits],
+            body.processed_event_id,
+            [[action, path, fire_at] for action, path, fire_at in body.timers],
+            [[child, root, context] for child, root, context in body.spawns],
+            body.trace,
+        ]
+        try:
+            data = self._canonical(value)
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+            raise TypeError(f"cannot encode the body of commit {commit_id!r}: {exc}") from exc
+        if type(data) is str:
+            data = data.encode("utf-8", "surrogatepass")
+        return hashlib.sha256(data).digest()
+
+
+def _exe_id(exe: Any) -> str:
+    try:
+        eid = exe.id
+    except AttributeError:
+        raise _checks.bad_exe("id", exe) from None
+    if type(eid) is not str:
+        _checks.str_id(eid, "execution id")
+    return eid  # type: ignore[no-any-return]
+
+
+def _exe_version(exe: Any) -> int:
+    try:
+        version = exe.version
+    except AttributeError:
+        raise _checks.bad_exe("version", exe) from None
+    if type(version) is not int:
+        version = _checks.as_int(version, "execution version")
+    return version  # type: ignore[no-any-return]
+
+
+def _set_version(exe: Any, version: int) -> None:
+    try:
+        exe.version = version
+    except AttributeError:
+        raise _checks.bad_exe("writable", exe) from None
+
+
+def _cas(conn: sqlite3.Connection, eid: str, version: int, blob: Any, epoch: int | None) -> None:
+    """Write the execution at ``version + 1`` if no row exists or the row is at
+    ``version`` (and, with ``epoch``, claimed at no greater epoch). Call it inside a
+    ``BEGIN IMMEDIATE`` transaction."""
+    if epoch is None:
+        hit = conn.execute(_CAS, (version + 1, blob, eid, version)).rowcount
+    else:
+        hit = conn.execute(_CAS_EPOCH, (version + 1, blob, epoch, eid, version, epoch)).rowcount
+    if hit == 1:
+        return
+    row = conn.execute(_FIND, (eid,)).fetchone()
+    if row is None:
+        conn.execute(_INSERT, (eid, version + 1, epoch, blob))
+    elif epoch is not None and row[1] is not None and row[1] > epoch:
+        raise StaleWriter(eid, epoch, row[1])
+    else:
+        raise StoreConflict(eid, version, row[0])
+
+
+def _rollback(conn: sqlite3.Connection, exe: Any = None, version: int | None = None) -> None:
+    """Undo the open transaction, and the version a failed commit may have set."""
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
+    if exe is not None:
+        with contextlib.suppress(Exception):  # the error being raised is the one to show
+            if exe.version != version:
+                exe.version = version
+
+
+def _prepare(conn: sqlite3.Connection, path: str, synchronous: str) -> None:
+    """Check the schema, refusing a foreign or newer one before changing anything; then
+    WAL mode and ``synchronous``; then create or upgrade the schema."""
+    version = _schema_version(conn, path)
+    if path != _MEMORY:
+        conn.execute("PRAGMA journal_mode = WAL").fetchone()
+    conn.execute(f"PRAGMA synchronous = {synchronous}")
+    if version == SCHEMA_VERSION:
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = _schema_version(conn, path)  # another process may have got there first
+        for step in range(version, SCHEMA_VERSION):
+            for sql in MIGRATIONS[step]:
+                conn.execute(sql)
+            conn.execute(f"UPDATE {SCHEMA_TABLE} SET version = ?", (step + 1,))
+        conn.execute("COMMIT")
+    except BaseException:
+        _rollback(conn)
+        raise
+
+
+def _schema_version(conn: sqlite3.Connection, path: str) -> int:
+    """The schema version of this package's tables, ``0`` for an empty database; a
+    ``StoreError`` for a database that is not this package's or is newer than it."""
+    names = {
+        name
+        for (name,) in conn.execute("SELECT name FROM sqlite_master")
+        if not name.startswith("sqlite_")
+    }
+    if SCHEMA_TABLE not in names:
+        if names:
+            shown = ", ".join(sorted(names)[:5]) + (", ..." if len(names) > 5 else "")
+            raise StoreError(
+                f"{path!r} is not a harel_store database: it holds {shown} and no "
+                f"{SCHEMA_TABLE} table; nothing was changed"
+            )
+        return 0
+    rows = conn.execute(f"SELECT version FROM {SCHEMA_TABLE}").fetchall()
+    if len(rows) != 1 or type(rows[0][0]) is not int or rows[0][0] < 0:
+        raise StoreError(f"{path!r}: the {SCHEMA_TABLE} table is damaged ({rows[:3]!r})")
+    version: int = rows[0][0]
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"{path!r} has harel_store schema version {version}, newer than this "
+            f"harel_store's ({SCHEMA_VERSION}): upgrade harel_store to open it; "
+            "nothing was changed"
+        )
+    return version
+
+
+class AsyncSqliteStore:
+    """The ``async`` twin of :class:`SqliteStore`, with the same arguments.
+
+    Each method runs the sync store's method on one thread of its own (a single-worker
+    ``ThreadPoolExecutor`` per store object): ``sqlite3`` blocks on disk I/O, fsyncs and
+    busy waits, so no call may run on the event loop, and one thread keeps the
+    connection used by one thread at a time with calls run in the order they were made
+    (``sqlite3`` releases the GIL while SQLite works). The standard library offers no
+    async SQLite driver; a thread hop costs some tens of microseconds, small beside a
+    durable commit. The database is opened on that thread too, so the constructor does
+    not block: a database that cannot be opened raises its ``StoreError`` from the first
+    call, or from ``async with``. ``wait_for_work`` pauses with ``asyncio.sleep`` between
+    looks, so it keeps the thread free for the store's other calls. A cancelled call may
+    still complete on the thread (a commit retried with its ``commit_id`` is
+    recognised).
+    """
+
+    preserves_identity = False
+    durable = True
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        trace_max: int | None = DEFAULT_TRACE_MAX,
+        codec: Any = None,
+        synchronous: str = "NORMAL",
+        busy_timeout: float = 30.0,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self._closed = True
+        options = _options(path, trace_max, codec, synchronous, busy_timeout, clock)
+        self._path = options[0]
+        self._trace_max = options[1]
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="harel-sqlite")
+        self._opening: Future[SqliteStore] = self._pool.submit(
+            SqliteStore,
+            path,
+            trace_max=trace_max,
+            codec=codec,
+            synchronous=synchronous,
+            busy_timeout=busy_timeout,
+            clock=clock,
+        )
+        self._closed = False
+        self._finalizer = weakref.finalize(self, self._pool.shutdown, wait=False)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<{type(self).__name__} {self._path!r} {state}>"
+
+    async def __aenter__(self) -> Self:
+        if self._closed:
+            raise _closed()
+        await asyncio.wrap_future(self._opening)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def trace_max(self) -> int | None:
+        """Steps kept per execution; ``0``/``None`` keeps all. A change applies to the
+        calls made after it."""
+        return self._trace_max
+
+    @trace_max.setter
+    def trace_max(self, value: int | None) -> None:
+        self._trace_max = size = _checks.as_trace_max(value)
+        if not self._closed:
+            self._pool.submit(self._invoke, "__setattr__", ("trace_max", size), {})
+
+    async def load(self, execution_id: str) -> Any:
+        return await self._call("load", execution_id)
+
+    async def save(self, exe: Any, *, epoch: int | None = None) -> None:
+        await self._call("save", exe, epoch=epoch)
+
+    async def commit(
+        self,
+        exe: Any,
+        emits: Iterable[tuple[str | None, Any]],
+        processed_event_id: str | None = None,
+        timers: Iterable[TimerOp] = (),
+        spawns: Iterable[tuple[str, Any, Mapping[str, Any]]] = (),
+        trace: Mapping[str, Any] | None = None,
+        *,
+        commit_id: str | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        await self._call(
+            "commit",
+            exe,
+            emits,
+            processed_event_id,
+            timers,
+            spawns,
+            trace,
+            commit_id=commit_id,
+            epoch=epoch,
+        )
+
+    async def is_processed(self, execution_id: str, event_id: str) -> bool:
+        return await self._call("is_processed", execution_id, event_id)  # type: ignore[no-any-return]
+
+    async def pending_outbox(self) -> list[OutboxEntry]:
+        return await self._call("pending_outbox")  # type: ignore[no-any-return]
+
+    async def ack_outbox(self, seq: int) -> None:
+        await self._call("ack_outbox", seq)
+
+    async def claim_outbox(self, limit: int = 100, *, lease: float = 30.0) -> list[OutboxEntry]:
+        return await self._call("claim_outbox", limit, lease=lease)  # type: ignore[no-any-return]
+
+    async def pending_spawns(self) -> list[SpawnEntry]:
+        return await self._call("pending_spawns")  # type: ignore[no-any-return]
+
+    async def ack_spawn(self, seq: int) -> None:
+        await self._call("ack_spawn", seq)
+
+    async def claim_spawns(self, limit: int = 100, *, lease: float = 30.0) -> list[SpawnEntry]:
+        return await self._call("claim_spawns", limit, lease=lease)  # type: ignore[no-any-return]
+
+    async def due_timers(self, now: float) -> list[tuple[str, str, float]]:
+        return await self._call("due_timers", now)  # type: ignore[no-any-return]
+
+    async def claim_due_timers(
+        self, now: float, limit: int = 100, *, lease: float = 30.0
+    ) -> list[tuple[str, str, float]]:
+        return await self._call("claim_due_timers", now, limit, lease=lease)  # type: ignore[no-any-return]
+
+    async def delete_timer(self, execution_id: str, path: str, fire_at: float) -> None:
+        await self._call("delete_timer", execution_id, path, fire_at)
+
+    async def append_trace(self, execution_id: str, entry: Mapping[str, Any]) -> None:
+        await self._call("append_trace", execution_id, entry)
+
+    async def read_trace(self, execution_id: str) -> list[dict[str, Any]]:
+        return await self._call("read_trace", execution_id)  # type: ignore[no-any-return]
+
+    async def forget(self, execution_id: str) -> None:
+        await self._call("forget", execution_id)
+
+    async def stats(self) -> dict[str, int]:
+        return await self._call("stats")  # type: ignore[no-any-return]
+
+    async def wait_for_work(self, timeout: float) -> bool:
+        """See :meth:`SqliteStore.wait_for_work`; the pauses are ``asyncio.sleep``."""
+        if self._closed:
+            raise _closed()
+        timeout = _checks.as_timeout(timeout)
+        deadline = time.monotonic() + timeout
+        pause = _POLL_FIRST
+        while not await self._call("_take_work"):
+            left = deadline - time.monotonic()
+            if left <= 0.0:
+                return False
+            await asyncio.sleep(min(pause, left))
+            pause = min(pause * 2.0, _POLL_MAX)
+        return True
+
+    async def close(self) -> None:
+        """Close the database on the store's thread, then let the thread end."""
+        if self._closed:
+            return
+        self._closed = True
+        self._finalizer.detach()
+        try:
+            await asyncio.wrap_future(self._pool.submit(_close_opened, self._opening))
+        finally:
+            self._pool.shutdown(wait=False)
+
+    def _record_trace(self, execution_id: str, entry: Mapping[str, Any]) -> None:
+        """The plain-``def`` recorder, as on every store: it waits for the store's
+        thread, so call it off the event loop."""
+        if self._closed:
+            raise _closed()
+        call = functools.partial(self._invoke, "_record_trace", (execution_id, entry), {})
+        self._pool.submit(contextvars.copy_context().run, call).result()
+
+    async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        if self._closed:
+            raise _closed()
+        call = functools.partial(self._invoke, name, args, kwargs)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, contextvars.copy_context().run, call)
+
+    def _invoke(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """On the store's thread: the sync store's method (the open error, if any)."""
+        return getattr(self._opening.result(), name)(*args, **kwargs)
+
+
+def _close_opened(opening: Future[SqliteStore]) -> None:
+    if opening.exception() is None:
+        opening.result().close()

@@ -1,0 +1,1043 @@
+"""What only the SQLite store has (issue 12): its codec, its schema, reopening a file,
+``synchronous``, a closed store, the async twin's thread, and indexes that keep the
+operations cheap as the database grows.
+
+The contract every store keeps runs on SQLite through the conformance kinds of
+``conftest.py`` (``tests/test_protocol.py``); the tests with several processes are in
+``tests/test_durable.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import decimal
+import enum
+import math
+import sqlite3
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import harel_store
+from harel_store import Execution, OutboxEntry, SpawnEntry, StoreConflict, TimerOp
+from harel_store import _errors as errors
+from harel_store._codec import JSON, Codec, JsonCodec
+from harel_store.sqlite import MIGRATIONS, SCHEMA_VERSION, AsyncSqliteStore, SqliteStore
+
+StoreError = errors.StoreError
+IdempotencyConflict = errors.IdempotencyConflict
+StaleWriter = errors.StaleWriter
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "store.db"
+
+
+@pytest.fixture
+def opened(path: Path) -> Iterator[Callable[..., SqliteStore]]:
+    """Open store objects on ``path``; all are closed after the test."""
+    made: list[SqliteStore] = []
+
+    def open_(**options: Any) -> SqliteStore:
+        store = SqliteStore(path, **options)
+        made.append(store)
+        return store
+
+    yield open_
+    for store in made:
+        store.close()
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal, and of the same types all the way down (``nan`` equal to ``nan``,
+    ``-0.0`` not equal to ``0.0``)."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is float:
+        return (math.isnan(a) and math.isnan(b)) or (
+            a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
+        )
+    if type(a) in (list, tuple):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if type(a) is dict:
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    return a == b  # type: ignore[no-any-return]
+
+
+# --- the codec -----------------------------------------------------------------------
+
+VALUES = {
+    "none": None,
+    "bools": [True, False],
+    "ints": [0, -1, 2**63, -(2**200)],
+    "floats": [0.0, -0.0, 1.5, 1e308, 5e-324, math.inf, -math.inf, math.nan],
+    "float-that-looks-int": 3.0,
+    "strs": ["", "a\x00b", "\U0001f600 astral", "\ud800 lone", 'é\u2028\n\t"\\'],
+    "tuple": (1, "a", None),
+    "empty-tuple": (),
+    "nested-tuples": ((1, (2, ())), [3, (4,)], {"k": ((),)}),
+    "list-of-tuples": [(1, 2), [(), ("x",)]],
+    "dict-in-tuple": ({"a": (1,)},),
+    "tag-lookalike": {"__tuple__": [1, 2]},
+    "dict-lookalike": {"__dict__": [["a", 1]]},
+    "tag-lookalike-tuple": {"__tuple__": (1,)},
+    "tag-keys-among-others": {"__tuple__": 1, "__dict__": 2, "x": ()},
+    "deep": {"a": [{"b": ({"c": [(1.5, "d")]},)}]},
+    "key-order": {"z": 1, "a": 2, "m": (3,)},
+    "empty": [{}, [], ()],
+}
+
+
+@pytest.mark.parametrize("value", VALUES.values(), ids=list(VALUES))
+def test_the_json_codec_round_trips_values_exactly(value: Any) -> None:
+    data = JSON.encode_value(value)
+    assert type(data) is str and data.isascii()
+    assert same(JSON.decode_value(data), value)
+    assert same(JSON.decode_value(JSON.canonical_value(value)), value) or type(value) is dict
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.lists(inner, max_size=4).map(tuple)
+        | st.dictionaries(st.text(max_size=10), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@given(json_values)
+def test_any_json_value_round_trips_with_its_types(value: Any) -> None:
+    assert same(JSON.decode_value(JSON.encode_value(value)), value)
+
+
+def test_canonical_encoding_ignores_key_order_only() -> None:
+    one = {"a": 1, "b": {"x": (1,), "y": 2}}
+    two = {"b": {"y": 2, "x": (1,)}, "a": 1}
+    assert JSON.canonical_value(one) == JSON.canonical_value(two)
+    assert JSON.encode_value(one) != JSON.encode_value(two)
+    assert JSON.canonical_value({"a": (1,)}) != JSON.canonical_value({"a": [1]})
+    assert JSON.canonical_value([1]) != JSON.canonical_value([1.0])
+
+
+def test_the_json_codec_round_trips_an_execution() -> None:
+    exe = Execution(
+        id="e\x00\U0001f600",
+        definition_id="order",
+        status="done",
+        outcome={"paid": (12.5, "EUR")},
+        active_path=("root", "a", "b"),
+        history={"root": ("a", "b"), "x": None},
+        context={"items": [("sku", 2)], "n": 0.0},
+        version=7,
+        parent_id="p",
+        child_id="c",
+        children={"c1": {"state": ("done",)}, "c2": None},
+    )
+    back = JSON.decode_execution(JSON.encode_execution(exe))
+    assert type(back) is Execution and back is not exe
+    back.version = 7
+    assert back == exe
+    for name in ("outcome", "active_path", "history", "context", "children"):
+        assert same(getattr(back, name), getattr(exe, name)), name
+    assert "version" not in JSON.encode_execution(exe)
+
+
+class Color(enum.IntEnum):
+    RED = 1
+
+
+class Pair(NamedTuple):
+    a: int
+    b: int
+
+
+class Text(str):
+    pass
+
+
+REFUSED = {
+    "set": ({1}, "a set at the top"),
+    "object": ([1, {"a": object()}], "a object at [1]['a']"),
+    "int-key": ({"a": {1: 2}}, "a dict key 1 (int) at ['a']"),
+    "tuple-key": ({("a",): 1}, "a dict key ('a',)"),
+    "int-enum": ([Color.RED], "a Color at [0]"),
+    "named-tuple": (Pair(1, 2), "a Pair at the top"),
+    "str-subclass": ({"k": Text("x")}, "a Text at ['k']"),
+    "ordered-dict": (OrderedDict(a=1), "a OrderedDict"),
+    "bytes": (b"x", "a bytes"),
+    "datetime": (datetime.date(2024, 1, 1), "a date"),
+}
+
+
+@pytest.mark.parametrize(("value", "named"), REFUSED.values(), ids=list(REFUSED))
+def test_the_json_codec_refuses_what_it_cannot_round_trip(value: Any, named: str) -> None:
+    with pytest.raises(TypeError) as info:
+        JSON.encode_value(value)
+    assert named in str(info.value)
+    assert "codec=" in str(info.value)
+
+
+def test_cycles_and_depth_are_type_errors() -> None:
+    loop: list[Any] = []
+    loop.append(loop)
+    deep: Any = []
+    for _ in range(100_000):
+        deep = [deep]
+    for value in (loop, {"a": loop}, deep):
+        with pytest.raises(TypeError, match="nested too deeply"):
+            JSON.encode_value(value)
+
+
+def test_the_json_codec_encodes_only_its_execution_class() -> None:
+    class Mine:
+        id = "e1"
+        version = 0
+
+    with pytest.raises(TypeError, match="Mine.*codec="):
+        JSON.encode_execution(Mine())
+
+
+def everything(store: Any) -> dict[str, Any]:
+    """What a store shows about the executions of these tests."""
+    ids = ("e1", "e2")
+    return {
+        "load": {i: store.load(i) for i in ids},
+        "outbox": store.pending_outbox(),
+        "spawns": store.pending_spawns(),
+        "timers": store.due_timers(math.inf),
+        "trace": {i: store.read_trace(i) for i in ids},
+        "processed": {i: store.is_processed(i, "v1") for i in ids},
+        "stats": store.stats(),
+    }
+
+
+BAD_PARTS = {
+    "event": ({"emits": [("t", "ok"), ("t", {1, 2})]}, "the event of emits[1]"),
+    "context": ({"spawns": [("c1", "r", {"when": datetime.date.today()})]}, "context of spawns[0]"),
+    "root-path": ({"spawns": [("c1", {1}, {})]}, "root_path of spawns[0]"),
+    "trace": ({"trace": {"at": object()}}, "the trace step"),
+    "trace-key": ({"trace": {1: "a"}}, "the trace step"),
+}
+
+
+@pytest.mark.parametrize(("part", "named"), BAD_PARTS.values(), ids=list(BAD_PARTS))
+def test_a_value_the_codec_refuses_is_a_type_error_before_any_write(
+    opened: Callable[..., SqliteStore], part: dict[str, Any], named: str
+) -> None:
+    store = opened()
+    store.commit(Execution(id="e1"), [("t", "first")], "v1", [TimerOp("schedule", "p", 1.0)])
+    before = everything(store)
+    exe = store.load("e1")
+    arguments = {"emits": [("t", "fine")], "processed_event_id": "v2", **part}
+    with pytest.raises(TypeError) as info:
+        store.commit(exe, **arguments, commit_id="k1")
+    assert named in str(info.value)
+    assert exe.version == 1
+    assert everything(store) == before
+    # Neither the version, nor a seq, nor the commit id was taken.
+    store.commit(exe, [("t", "next")], commit_id="k1")
+    assert [e.seq for e in store.pending_outbox()] == [1, 2]
+
+
+def test_an_execution_the_codec_refuses_is_a_type_error_naming_it(
+    opened: Callable[..., SqliteStore],
+) -> None:
+    store = opened()
+    exe = Execution(id="e1", context={"when": datetime.date.today()})
+    with pytest.raises(TypeError, match=r"execution 'e1'.*\['context'\]\['when'\]"):
+        store.commit(exe, [("t", "x")])
+    with pytest.raises(TypeError, match="execution 'e1'"):
+        store.save(exe)
+
+    class Mine:
+        def __init__(self) -> None:
+            self.id, self.version = "e2", 0
+
+    with pytest.raises(TypeError, match="codec="):
+        store.save(Mine())
+    assert exe.version == 0 and store.stats()["executions"] == 0
+    assert store.pending_outbox() == []
+
+
+@pytest.mark.parametrize(
+    ("call", "bad"),
+    [
+        (lambda s, b: s.commit(Execution(id=b), []), 1),
+        (lambda s, b: s.save(Execution(id=b)), ("a",)),
+        (lambda s, b: s.commit(Execution(id="e1"), [(b, "ev")]), 2),
+        (lambda s, b: s.commit(Execution(id="e1"), [], b), 3),
+        (lambda s, b: s.commit(Execution(id="e1"), [], timers=[TimerOp("cancel", b)]), 4),
+        (lambda s, b: s.commit(Execution(id="e1"), [], spawns=[(b, "r", {})]), 5),
+        (lambda s, b: s.append_trace(b, {}), 6),
+        (lambda s, b: s.load(b), 7),
+        (lambda s, b: s.is_processed("e1", b), 8),
+        (lambda s, b: s.delete_timer("e1", b, 1.0), 9),
+        (lambda s, b: s.forget(b), 10),
+        (lambda s, b: s.read_trace(b), 11),
+    ],
+)
+def test_ids_are_strs(opened: Callable[..., SqliteStore], call: Any, bad: Any) -> None:
+    store = opened()
+    with pytest.raises(TypeError, match="must be a str in a durable store"):
+        call(store, bad)
+    assert store.stats() == dict.fromkeys(store.stats(), 0)
+
+
+# --- a codec of one's own -------------------------------------------------------------
+
+
+class Order:
+    """An engine's own execution class: slots, a set and a datetime."""
+
+    __slots__ = ("id", "items", "placed", "state", "version")
+
+    def __init__(self, id: str, state: str, items: set[str], placed: datetime.datetime) -> None:
+        self.id, self.state, self.items, self.placed = id, state, items, placed
+        self.version = 0
+
+
+class OrderCodec(JsonCodec):
+    """Orders as JSON, and events that may hold ``Decimal`` amounts."""
+
+    def encode_execution(self, exe: Any) -> str:
+        if type(exe) is not Order:
+            raise TypeError(f"OrderCodec encodes orders, not {type(exe).__name__}")
+        fields = [exe.id, exe.state, sorted(exe.items), exe.placed.isoformat()]
+        return super().encode_value(fields)
+
+    def decode_execution(self, data: str | bytes) -> Order:
+        id_, state, items, placed = super().decode_value(data)
+        return Order(id_, state, set(items), datetime.datetime.fromisoformat(placed))
+
+    def encode_value(self, value: Any) -> str:
+        if type(value) is decimal.Decimal:
+            return super().encode_value({"decimal": str(value)})
+        return super().encode_value(value)
+
+    def decode_value(self, data: str | bytes) -> Any:
+        value = super().decode_value(data)
+        if type(value) is dict and list(value) == ["decimal"]:
+            return decimal.Decimal(value["decimal"])
+        return value
+
+
+def test_a_codec_of_ones_own(opened: Callable[..., SqliteStore]) -> None:
+    codec = OrderCodec()
+    assert isinstance(codec, Codec) and isinstance(JSON, Codec)
+    store = opened(codec=codec)
+    placed = datetime.datetime(2024, 5, 1, 12, 30, tzinfo=datetime.timezone.utc)
+    order = Order("o-1", "placed", {"book", "pen"}, placed)
+    store.commit(order, [("billing", decimal.Decimal("12.50"))], trace={"step": "placed"})
+    assert order.version == 1
+    back = store.load("o-1")
+    assert type(back) is Order and back is not order
+    assert (back.id, back.state, back.items, back.placed, back.version) == (
+        "o-1",
+        "placed",
+        {"book", "pen"},
+        placed,
+        1,
+    )
+    [entry] = store.pending_outbox()
+    assert entry == OutboxEntry(1, "billing", decimal.Decimal("12.50"))
+    assert type(entry.event) is decimal.Decimal
+    back.state = "paid"
+    store.commit(back, [])
+    assert opened(codec=codec).load("o-1").state == "paid"
+    # The codec is the one place that knows types: this one knows orders only.
+    with pytest.raises(TypeError, match="execution 'e1': OrderCodec encodes orders"):
+        store.commit(Execution(id="e1"), [])
+
+
+def test_a_codec_without_its_methods_is_refused(path: Path) -> None:
+    class Half:
+        def encode_value(self, value: Any) -> str:
+            return ""
+
+    for codec in (Half(), object(), "json"):
+        with pytest.raises(TypeError, match="codec must have"):
+            SqliteStore(path, codec=codec)
+    assert not path.exists()
+
+
+def test_a_codec_must_give_str_or_bytes(opened: Callable[..., SqliteStore]) -> None:
+    class Numbers(JsonCodec):
+        def encode_value(self, value: Any) -> Any:
+            return 42
+
+    class Blobs(JsonCodec):
+        def encode_execution(self, exe: Any) -> bytes:
+            return super().encode_execution(exe).encode()
+
+        def encode_value(self, value: Any) -> bytes:
+            return super().encode_value(value).encode()
+
+    with pytest.raises(TypeError, match="as a int"):
+        opened(codec=Numbers()).commit(Execution(id="e1"), [("t", "x")])
+    store = opened(codec=Blobs())
+    exe = Execution(id="e1", active_path=("a",))
+    store.commit(exe, [("t", ("x",))], trace={"n": 1})
+    assert store.load("e1") == exe
+    assert store.pending_outbox()[0].event == ("x",)
+    assert store.read_trace("e1") == [{"n": 1, "index": 0}]
+
+
+def test_a_replay_with_the_keys_in_another_order_is_the_same_commit(
+    opened: Callable[..., SqliteStore],
+) -> None:
+    store = opened()
+    store.commit(
+        Execution(id="e1"), [("t", {"a": 1, "b": 2})], trace={"x": 1, "y": 2}, commit_id="k"
+    )
+    retry = Execution(id="e1")
+    store.commit(retry, [("t", {"b": 2, "a": 1})], trace={"y": 2, "x": 1}, commit_id="k")
+    assert retry.version == 1 and len(store.pending_outbox()) == 1
+    with pytest.raises(IdempotencyConflict):
+        store.commit(
+            Execution(id="e1"), [("t", {"a": 1, "b": 2.0})], trace={"x": 1, "y": 2}, commit_id="k"
+        )
+
+
+# --- what load, reads and the trace hand out --------------------------------------------
+
+
+def test_every_read_decodes_anew(opened: Callable[..., SqliteStore]) -> None:
+    store = opened()
+    exe = Execution(id="e1", context={"n": [1]})
+    store.commit(exe, [("t", {"k": [1]})], spawns=[("c", ("r",), {"k": [1]})], trace={"k": [1]})
+    for read in (
+        lambda: store.load("e1"),
+        store.pending_outbox,
+        store.pending_spawns,
+        lambda: store.read_trace("e1"),
+    ):
+        first, second = read(), read()
+        assert first == second and first is not second
+    assert store.load("e1").context is not exe.context
+    assert store.pending_spawns() == [SpawnEntry(1, "e1", "c", ("r",), {"k": [1]})]
+    store.load("e1").context["n"].append(2)
+    store.read_trace("e1")[0]["k"].append(2)
+    assert store.load("e1").context == {"n": [1]}
+    assert store.read_trace("e1") == [{"k": [1], "index": 0}]
+
+
+def test_the_trace_ring_honours_explicit_indexes_and_a_changed_trace_max(
+    opened: Callable[..., SqliteStore],
+) -> None:
+    store = opened(trace_max=3)
+    for i in range(5):
+        store.append_trace("e1", {"i": i})
+    store.append_trace("e1", {"i": 5, "index": 100})
+    store._record_trace("e1", {"i": 6})
+    assert store.read_trace("e1") == [
+        {"i": 4, "index": 4},
+        {"i": 5, "index": 100},
+        {"i": 6, "index": 6},
+    ]
+    store.trace_max = None
+    for i in range(7, 10):
+        store.append_trace("e1", {"i": i})
+    assert len(store.read_trace("e1")) == 6
+    store.trace_max = 2
+    assert len(store.read_trace("e1")) == 6, "a change applies at the next append"
+    store.append_trace("e1", {"i": 10})
+    assert store.read_trace("e1") == [{"i": 9, "index": 9}, {"i": 10, "index": 10}]
+    assert store.stats()["trace_steps"] == 2 and store.stats()["traces"] == 1
+    for bad, error in ((-1, ValueError), (1.5, TypeError), (True, TypeError)):
+        with pytest.raises(error):
+            store.trace_max = bad
+    assert store.trace_max == 2
+
+
+def test_due_timers_come_by_fire_at_then_arming_order(opened: Callable[..., SqliteStore]) -> None:
+    store = opened()
+    exe = Execution(id="e1")
+    store.commit(exe, [], timers=[TimerOp("schedule", p, 5.0) for p in ("c", "a", "b")])
+    store.commit(exe, [], timers=[TimerOp("schedule", "c", 5.0), TimerOp("schedule", "z", 1.0)])
+    assert store.due_timers(5.0) == [
+        ("e1", "z", 1.0),
+        ("e1", "a", 5.0),
+        ("e1", "b", 5.0),
+        ("e1", "c", 5.0),
+    ]
+    assert store.due_timers(4.9) == [("e1", "z", 1.0)]
+    store.delete_timer("e1", "a", 4.0)
+    store.delete_timer("e1", "a", 5)  # the int 5 is the armed 5.0
+    assert [path for _, path, _ in store.due_timers(math.inf)] == ["z", "b", "c"]
+    with pytest.raises(TypeError):
+        store.delete_timer("e1", "b", "5.0")
+
+
+# --- the schema --------------------------------------------------------------------------
+
+
+def tables(path: Path) -> dict[str, Any]:
+    conn = sqlite3.connect(path)
+    try:
+        names = sorted(n for (n,) in conn.execute("SELECT name FROM sqlite_master"))
+        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+        return {"names": names, "journal_mode": mode}
+    finally:
+        conn.close()
+
+
+def test_the_schema_is_created_on_first_open_and_versioned(path: Path) -> None:
+    assert SCHEMA_VERSION == len(MIGRATIONS) >= 1
+    with SqliteStore(path) as store:
+        store.commit(Execution(id="e1"), [])
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("SELECT version FROM harel_store_schema").fetchall() == [
+            (SCHEMA_VERSION,)
+        ]
+    finally:
+        conn.close()
+    shape = tables(path)
+    assert shape["journal_mode"] == "wal"
+    for name in ("executions", "outbox", "spawns", "processed", "timers", "trace", "commit_ids"):
+        assert name in shape["names"]
+    with SqliteStore(path) as again:  # opening an existing database changes nothing
+        assert again.load("e1").version == 1
+    assert tables(path) == shape
+
+
+def refused_unchanged(path: Path, match: str) -> None:
+    before = path.read_bytes()
+    for opener in (SqliteStore, AsyncSqliteStore):
+        with pytest.raises(StoreError, match=match):
+            if opener is SqliteStore:
+                SqliteStore(path)
+            else:
+
+                async def main() -> None:
+                    async with AsyncSqliteStore(path):
+                        pass
+
+                asyncio.run(main())
+    assert path.read_bytes() == before, "a refused database was changed"
+    assert not Path(f"{path}-wal").exists()
+
+
+def test_a_foreign_database_is_refused_unchanged(path: Path) -> None:
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    conn.execute("INSERT INTO users (name) VALUES ('ada')")
+    conn.commit()
+    conn.close()
+    refused_unchanged(path, "not a harel_store database.*users")
+    assert tables(path)["journal_mode"] == "delete"
+
+
+def test_a_newer_schema_is_refused_unchanged(path: Path) -> None:
+    SqliteStore(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA journal_mode = DELETE")
+    conn.execute("UPDATE harel_store_schema SET version = ?", (SCHEMA_VERSION + 1,))
+    conn.commit()
+    conn.close()
+    refused_unchanged(path, f"schema version {SCHEMA_VERSION + 1}, newer")
+
+
+def test_a_damaged_schema_table_is_refused(path: Path) -> None:
+    SqliteStore(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA journal_mode = DELETE")
+    conn.execute("INSERT INTO harel_store_schema VALUES (1)")
+    conn.commit()
+    conn.close()
+    refused_unchanged(path, "damaged")
+
+
+def test_a_file_that_is_not_a_database_is_refused_unchanged(path: Path) -> None:
+    path.write_bytes(b"order ledger, not SQLite\n" * 200)
+    refused_unchanged(path, "cannot open")
+
+
+def test_a_missing_directory_is_a_store_error(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="cannot open"):
+        SqliteStore(tmp_path / "no" / "such" / "dir.db")
+
+
+def test_an_older_schema_is_migrated(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import harel_store.sqlite as module
+
+    with SqliteStore(path) as store:
+        store.commit(Execution(id="e1"), [("t", "kept")])
+    later = [*MIGRATIONS, ("CREATE TABLE later_feature (x INTEGER)",)]
+    monkeypatch.setattr(module, "MIGRATIONS", later)
+    monkeypatch.setattr(module, "SCHEMA_VERSION", len(later))
+    with SqliteStore(path) as store:
+        assert store.load("e1").version == 1
+        assert [e.event for e in store.pending_outbox()] == ["kept"]
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("SELECT version FROM harel_store_schema").fetchall() == [(2,)]
+        assert conn.execute("SELECT count(*) FROM later_feature").fetchone() == (0,)
+    finally:
+        conn.close()
+    monkeypatch.undo()
+    with pytest.raises(StoreError, match="newer"):
+        SqliteStore(path)
+
+
+# --- reopening -------------------------------------------------------------------------
+
+
+def test_reopening_keeps_everything(path: Path) -> None:
+    with SqliteStore(path, trace_max=3) as store:
+        exe = Execution(id="e1", active_path=("a", "b"))
+        store.commit(
+            exe,
+            [("t", "a"), ("t", "b")],
+            "v1",
+            [TimerOp("schedule", "p", 2.0), TimerOp("schedule", "q", 1.0)],
+            [("c1", "r", {"x": (1,)})],
+            {"step": 0},
+            commit_id="k1",
+            epoch=4,
+        )
+        for i in range(1, 5):
+            store.append_trace("e1", {"step": i})
+        for entry in store.pending_outbox():
+            store.ack_outbox(entry.seq)
+        for entry in store.pending_spawns():
+            store.ack_spawn(entry.seq)
+        stats = store.stats()
+
+    with SqliteStore(path, trace_max=3) as store:
+        assert store.stats() == stats
+        loaded = store.load("e1")
+        assert loaded == exe and loaded.active_path == ("a", "b")
+        assert store.is_processed("e1", "v1") and not store.is_processed("e1", "v2")
+        assert store.due_timers(math.inf) == [("e1", "q", 1.0), ("e1", "p", 2.0)]
+        # seqs go on from where they were, never reusing an acked one
+        store.commit(loaded, [("t", "c")], spawns=[("c2", "r", {})])
+        assert [e.seq for e in store.pending_outbox()] == [3]
+        assert [e.seq for e in store.pending_spawns()] == [2]
+        # the trace index goes on too
+        store.append_trace("e1", {"step": 5})
+        assert [s["index"] for s in store.read_trace("e1")] == [3, 4, 5]
+        # the commit id is recognised, and the epoch fences
+        retry = Execution(id="e1")
+        store.commit(
+            retry,
+            [("t", "a"), ("t", "b")],
+            "v1",
+            [TimerOp("schedule", "p", 2.0), TimerOp("schedule", "q", 1.0)],
+            [("c1", "r", {"x": (1,)})],
+            {"step": 0},
+            commit_id="k1",
+            epoch=4,
+        )
+        assert retry.version == 1
+        with pytest.raises(IdempotencyConflict):
+            store.commit(store.load("e1"), [], commit_id="k1")
+        with pytest.raises(StaleWriter) as info:
+            store.save(store.load("e1"), epoch=3)
+        assert info.value.current == 4
+
+
+def test_a_fresh_database_starts_at_seq_one_and_a_refused_commit_takes_none(
+    opened: Callable[..., SqliteStore],
+) -> None:
+    store = opened()
+    exe = Execution(id="e1")
+    store.commit(exe, [("t", 1)], spawns=[("c", "r", {})])
+    with pytest.raises(StoreConflict):
+        store.commit(Execution(id="e1"), [("t", 2)], spawns=[("c", "r", {})])
+    store.commit(exe, [("t", 3)], spawns=[("c", "r", {})])
+    assert [e.seq for e in store.pending_outbox()] == [1, 2]
+    assert [e.seq for e in store.pending_spawns()] == [1, 2]
+
+
+def test_wait_for_work_counts_from_when_the_object_was_opened(
+    opened: Callable[..., SqliteStore],
+) -> None:
+    writer = opened()
+    writer.commit(Execution(id="e1"), [("t", "x")])
+    late = opened()
+    assert late.wait_for_work(0) is False, "work committed before it was opened"
+    assert writer.wait_for_work(0) is True, "its own commit counts"
+    assert writer.wait_for_work(0) is False
+    exe = writer.load("e1")
+    writer.save(exe)
+    writer.commit(exe, [], "v1", [TimerOp("cancel", "p")], trace={"n": 1})
+    assert late.wait_for_work(0.05) is False, "no entry, no armed timer: no work"
+    writer.commit(exe, [], timers=[TimerOp("schedule", "p", 1.0)])
+    assert late.wait_for_work(0) is True and late.wait_for_work(0) is False
+    writer.commit(exe, [], spawns=[("c", "r", {})])
+    start = time.monotonic()
+    assert late.wait_for_work(10) is True
+    assert time.monotonic() - start < 1.0
+    start = time.monotonic()
+    assert late.wait_for_work(0.1) is False
+    assert 0.09 < time.monotonic() - start < 2.0
+    for bad, error in (
+        (-1, ValueError),
+        (math.nan, ValueError),
+        ("1", TypeError),
+        (None, TypeError),
+    ):
+        with pytest.raises(error):
+            late.wait_for_work(bad)
+
+
+def test_wait_for_work_wakes_on_another_threads_commit(opened: Callable[..., SqliteStore]) -> None:
+    waiter, writer = opened(), opened()
+    timer = threading.Timer(0.2, lambda: writer.commit(Execution(id="e1"), [("t", "x")]))
+    timer.start()
+    try:
+        start = time.monotonic()
+        assert waiter.wait_for_work(20) is True
+        assert time.monotonic() - start < 5.0
+    finally:
+        timer.join()
+
+
+# --- options ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "level"), [("NORMAL", 1), ("FULL", 2), ("full", 2), ("Normal", 1)]
+)
+def test_synchronous(opened: Callable[..., SqliteStore], given: str, level: int) -> None:
+    store = opened(synchronous=given)
+    assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == level
+    store.commit(Execution(id="e1"), [("t", "x")])
+    assert opened().load("e1").version == 1
+
+
+def test_the_default_is_normal_and_wal(opened: Callable[..., SqliteStore]) -> None:
+    store = opened()
+    assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 1
+    assert store._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert store._conn.execute("PRAGMA busy_timeout").fetchone()[0] == 30_000
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"synchronous": "OFF"}, ValueError),
+        ({"synchronous": "EXTRA"}, ValueError),
+        ({"synchronous": 2}, TypeError),
+        ({"trace_max": -1}, ValueError),
+        ({"trace_max": "5"}, TypeError),
+        ({"busy_timeout": 0}, ValueError),
+        ({"busy_timeout": "1"}, TypeError),
+        ({"clock": 5}, TypeError),
+        ({"bogus": 1}, TypeError),
+    ],
+    ids=repr,
+)
+def test_bad_options_are_refused_before_opening(
+    path: Path, options: dict[str, Any], error: type[Exception]
+) -> None:
+    for opener in (SqliteStore, AsyncSqliteStore):
+        with pytest.raises(error):
+            opener(path, **options)
+    assert not path.exists()
+
+
+@pytest.mark.parametrize(("bad", "error"), [(5, TypeError), (b"x.db", TypeError), ("", ValueError)])
+def test_a_bad_path_is_refused(bad: Any, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        SqliteStore(bad)
+
+
+def test_open_store_routes_sqlite_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with harel_store.open_store("sqlite:///relative.db", trace_max=5) as store:
+        assert type(store) is SqliteStore and store.trace_max == 5
+        assert store.path == "relative.db"
+        store.commit(Execution(id="e1"), [])
+    assert (tmp_path / "relative.db").exists()
+    absolute = tmp_path / "absolute.db"
+    with harel_store.open_store(f"sqlite:///{absolute}", synchronous="FULL") as store:
+        assert store.path == str(absolute)
+    with harel_store.open_store("sqlite://") as store:
+        assert store.path == ":memory:"
+    with pytest.raises(TypeError):
+        harel_store.open_store("sqlite://", bogus=1)
+
+    async def main() -> None:
+        async with harel_store.open_async_store("sqlite:///relative.db") as astore:
+            assert type(astore) is AsyncSqliteStore
+            assert (await astore.load("e1")).version == 1
+
+    asyncio.run(main())
+
+
+def test_capabilities() -> None:
+    for cls in (SqliteStore, AsyncSqliteStore):
+        assert cls.durable is True and cls.preserves_identity is False
+
+
+# --- closed stores ---------------------------------------------------------------------
+
+CALLS: dict[str, tuple[Any, ...]] = {
+    "load": ("e1",),
+    "save": (Execution(id="e1"),),
+    "commit": (Execution(id="e1"), []),
+    "is_processed": ("e1", "v1"),
+    "pending_outbox": (),
+    "ack_outbox": (1,),
+    "claim_outbox": (),
+    "pending_spawns": (),
+    "ack_spawn": (1,),
+    "claim_spawns": (),
+    "due_timers": (1.0,),
+    "claim_due_timers": (1.0,),
+    "delete_timer": ("e1", "p", 1.0),
+    "append_trace": ("e1", {}),
+    "read_trace": ("e1",),
+    "forget": ("e1",),
+    "stats": (),
+    "wait_for_work": (0,),
+    "_record_trace": ("e1", {}),
+}
+
+
+@pytest.mark.parametrize("memory", [False, True], ids=["file", "memory"])
+def test_a_closed_store_raises_value_error(path: Path, memory: bool) -> None:
+    store = SqliteStore(":memory:" if memory else path)
+    with store as entered:
+        assert entered is store
+        entered.commit(Execution(id="e1"), [])
+    store.close()  # idempotent
+    for name, args in CALLS.items():
+        with pytest.raises(ValueError, match="closed"):
+            getattr(store, name)(*args)
+    with pytest.raises(ValueError, match="closed"), store:
+        pass
+    assert "closed" in repr(store)
+    store.trace_max = 5  # an attribute, not a call on the database
+    if not memory:
+        with SqliteStore(path) as again:
+            assert again.load("e1").version == 1
+
+
+def test_a_closed_async_store_raises_value_error(path: Path) -> None:
+    async def main() -> None:
+        async with AsyncSqliteStore(path) as store:
+            await store.commit(Execution(id="e1"), [])
+        await store.close()
+        for name, args in CALLS.items():
+            with pytest.raises(ValueError, match="closed"):
+                if name == "_record_trace":
+                    store._record_trace(*args)
+                else:
+                    await getattr(store, name)(*args)
+        with pytest.raises(ValueError, match="closed"):
+            async with store:
+                pass
+
+    asyncio.run(main())
+
+
+def test_an_error_in_the_block_propagates_and_closes(path: Path) -> None:
+    with pytest.raises(KeyError), SqliteStore(path) as store:
+        raise KeyError("x")
+    with pytest.raises(ValueError):
+        store.load("e1")
+
+
+# --- the async twin ----------------------------------------------------------------------
+
+
+def test_the_async_store_keeps_the_event_loop_free(path: Path) -> None:
+    """A commit that waits for another connection's write lock waits on the store's
+    thread; the loop goes on ticking."""
+    blocker = sqlite3.connect(path, isolation_level=None)
+    SqliteStore(path).close()
+
+    async def main() -> tuple[int, float]:
+        async with AsyncSqliteStore(path) as store:
+            blocker.execute("BEGIN IMMEDIATE")
+            release = asyncio.get_running_loop().call_later(0.5, blocker.execute, "COMMIT")
+            ticks = 0
+            commit = asyncio.ensure_future(store.commit(Execution(id="e1"), [("t", "x")]))
+            start = time.monotonic()
+            while not commit.done():
+                ticks += 1
+                await asyncio.sleep(0.01)
+            await commit
+            release.cancel()
+            assert (await store.load("e1")).version == 1
+            return ticks, time.monotonic() - start
+
+    try:
+        ticks, waited = asyncio.run(main())
+    finally:
+        blocker.close()
+    assert waited >= 0.4 and ticks >= 10, (ticks, waited)
+
+
+def test_async_wait_for_work_leaves_the_store_free_for_other_calls(path: Path) -> None:
+    async def main() -> None:
+        async with AsyncSqliteStore(path) as store:
+            waiting = asyncio.ensure_future(store.wait_for_work(20))
+            await asyncio.sleep(0.1)
+            assert not waiting.done()
+            start = time.monotonic()
+            await store.commit(Execution(id="e1"), [("t", "x")])  # not stuck behind the wait
+            assert time.monotonic() - start < 2.0
+            assert await asyncio.wait_for(waiting, 5) is True
+            assert await store.wait_for_work(0.05) is False
+
+    asyncio.run(main())
+
+
+def test_the_async_store_opens_on_its_thread(path: Path) -> None:
+    path.write_text("not a database")
+    store = AsyncSqliteStore(path)  # no error yet: opening happens on the store's thread
+
+    async def main() -> None:
+        with pytest.raises(StoreError):
+            await store.load("e1")
+        with pytest.raises(StoreError):
+            await store.commit(Execution(id="e1"), [])
+        await store.close()
+
+    asyncio.run(main())
+
+
+def test_the_async_store_is_the_sync_store_on_a_thread(path: Path) -> None:
+    async def main() -> None:
+        async with AsyncSqliteStore(path, trace_max=2) as store:
+            exe = Execution(id="e1")
+            await store.commit(exe, [("t", "a")], "v1", [TimerOp("schedule", "p", 1.0)], trace={})
+            assert exe.version == 1
+            store.trace_max = 1
+            assert store.trace_max == 1
+            await store.append_trace("e1", {"n": 1})
+            assert await store.read_trace("e1") == [{"n": 1, "index": 1}]
+            assert await store.is_processed("e1", "v1")
+            assert [e.event for e in await store.claim_outbox()] == ["a"]
+            assert await store.claim_due_timers(5.0) == [("e1", "p", 1.0)]
+            assert (await store.stats())["timers"] == 1
+            with pytest.raises(StoreConflict):
+                await store.commit(Execution(id="e1"), [])
+            with pytest.raises(TypeError):
+                await store.commit(Execution(id="e1"), [("t", {1})])
+            await store.forget("e1")
+            assert await store.load("e1") is None
+
+    asyncio.run(main())
+    with SqliteStore(path) as store:
+        assert store.pending_outbox()[0].event == "a"
+
+
+# --- indexes: costs that do not grow with the database --------------------------------------
+
+
+def bulk_fill(store: SqliteStore, n: int) -> None:
+    """``n`` executions, each with a pending outbox entry and spawn, a processed mark, a
+    timer far in the future and a trace step: written in one transaction, straight into
+    the store's tables (the API would take a commit each)."""
+    conn = store._conn
+    blob = JSON.encode_execution(Execution(id="x", definition_id="order", context={"n": 1}))
+    ids = [f"bulk-{i}" for i in range(n)]
+    conn.execute("BEGIN IMMEDIATE")
+    conn.executemany(
+        "INSERT INTO executions (id, version, body) VALUES (?, 1, ?)", [(i, blob) for i in ids]
+    )
+    conn.executemany(
+        "INSERT INTO outbox (target_id, event) VALUES (?, '\"ev\"')", [(i,) for i in ids]
+    )
+    conn.executemany(
+        "INSERT INTO spawns (parent_id, child_id, root_path, context) VALUES (?, 'c', '\"r\"', '{}')",
+        [(i,) for i in ids],
+    )
+    conn.executemany("INSERT INTO processed VALUES (?, 'ev')", [(i,) for i in ids])
+    conn.executemany(
+        "INSERT INTO timers (execution_id, path, fire_at) VALUES (?, 'p', ?)",
+        [(i, 1e9 + k) for k, i in enumerate(ids)],
+    )
+    conn.executemany(
+        "INSERT INTO trace (execution_id, idx, step) VALUES (?, 0, '{}')", [(i,) for i in ids]
+    )
+    conn.executemany("INSERT INTO trace_index VALUES (?, 1, 1)", [(i,) for i in ids])
+    conn.execute("COMMIT")
+
+
+def best_cpu(func: Callable[[], Any], repeat: int = 7, number: int = 20) -> float:
+    best = math.inf
+    for _ in range(repeat):
+        start = time.process_time()
+        for _ in range(number):
+            func()
+        best = min(best, time.process_time() - start)
+    return best / number
+
+
+def costs(store: SqliteStore) -> dict[str, float]:
+    """CPU seconds per call of the operations that must not grow with the database."""
+    exe = store.load("probe") or Execution(id="probe")
+    store.commit(exe, [], timers=[TimerOp("schedule", f"due-{i}", float(i)) for i in range(10)])
+
+    def sweep() -> None:
+        due = store.due_timers(100.0)
+        assert len(due) == 10
+
+    def claim_timers() -> None:
+        assert len(store.claim_due_timers(100.0, 10, lease=0.0)) == 10
+
+    def claim_outbox() -> None:
+        assert len(store.claim_outbox(10, lease=0.0)) == 10
+
+    def claim_spawns() -> None:
+        assert len(store.claim_spawns(10, lease=0.0)) == 10
+
+    def commit() -> None:
+        store.commit(exe, [], "v", [TimerOp("schedule", "due-0", 0.0)], trace={"n": 1})
+
+    def reads() -> None:
+        store.load("probe")
+        store.is_processed("probe", "v")
+        store.read_trace("probe")
+
+    return {
+        "sweep": best_cpu(sweep),
+        "claim_due_timers": best_cpu(claim_timers),
+        "claim_outbox": best_cpu(claim_outbox),
+        "claim_spawns": best_cpu(claim_spawns),
+        "commit": best_cpu(commit),
+        "reads": best_cpu(reads),
+    }
+
+
+def test_operations_cost_the_same_on_1k_and_50k_executions(tmp_path: Path) -> None:
+    small = SqliteStore(tmp_path / "small.db")
+    large = SqliteStore(tmp_path / "large.db")
+    try:
+        bulk_fill(small, 1_000)
+        bulk_fill(large, 50_000)
+        assert large.stats()["timers"] == 50_000
+        for _ in range(3):  # a busy machine can spoil one measurement, not every one
+            few, many = costs(small), costs(large)
+            slower = {op: many[op] / max(few[op], 1e-6) for op in few}
+            if all(many[op] < 4 * few[op] + 0.0005 for op in few):
+                break
+        for op in few:
+            assert many[op] < 4 * few[op] + 0.0005, (
+                f"{op}: {many[op] * 1e6:.0f} us on 50k executions, {few[op] * 1e6:.0f} us on 1k "
+                f"({slower[op]:.1f}x)"
+            )
+    finally:
+        small.close()
+        large.close()

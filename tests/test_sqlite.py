@@ -27,14 +27,25 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import harel_store
-from harel_store import Execution, OutboxEntry, SpawnEntry, StoreConflict, TimerOp
-from harel_store import _errors as errors
-from harel_store._codec import JSON, Codec, JsonCodec
-from harel_store.sqlite import MIGRATIONS, SCHEMA_VERSION, AsyncSqliteStore, SqliteStore
-
-StoreError = errors.StoreError
-IdempotencyConflict = errors.IdempotencyConflict
-StaleWriter = errors.StaleWriter
+from harel_store import (
+    Execution,
+    IdempotencyConflict,
+    OutboxEntry,
+    SpawnEntry,
+    StaleWriter,
+    StoreConflict,
+    StoreError,
+    TimerOp,
+)
+from harel_store.sqlite import (
+    JSON,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    AsyncSqliteStore,
+    Codec,
+    JsonCodec,
+    SqliteStore,
+)
 
 
 @pytest.fixture
@@ -481,6 +492,64 @@ def test_due_timers_come_by_fire_at_then_arming_order(opened: Callable[..., Sqli
     assert [path for _, path, _ in store.due_timers(math.inf)] == ["z", "b", "c"]
     with pytest.raises(TypeError):
         store.delete_timer("e1", "b", "5.0")
+
+
+def test_forget_drops_everything_of_the_execution_but_what_relays_owe(
+    opened: Callable[..., SqliteStore],
+) -> None:
+    store = opened()
+    for eid in ("e1", "e2"):
+        store.commit(
+            Execution(id=eid),
+            [("t", eid)],
+            "v1",
+            [TimerOp("schedule", "p", 1.0)],
+            [("c", "r", {})],
+            {"n": 0},
+            commit_id="k",
+            epoch=5,
+        )
+        store.append_trace(eid, {"n": 1})
+    store.forget("e1")
+    store.forget("e1")  # an unknown id is a no-op
+    assert store.load("e1") is None and not store.is_processed("e1", "v1")
+    assert store.read_trace("e1") == [] and store.due_timers(math.inf) == [("e2", "p", 1.0)]
+    assert [e.event for e in store.pending_outbox()] == ["e1", "e2"]
+    assert [s.parent_id for s in store.pending_spawns()] == ["e1", "e2"]
+    assert store.stats() == {
+        "executions": 1,
+        "outbox": 2,
+        "spawns": 2,
+        "timers": 1,
+        "processed": 1,
+        "traces": 1,
+        "trace_steps": 2,
+    }
+    again = Execution(id="e1")
+    store.commit(again, [], trace={"n": 2}, commit_id="k", epoch=0)  # id and epoch dropped
+    assert again.version == 1
+    assert store.read_trace("e1") == [{"n": 2, "index": 0}], "the trace index was dropped"
+    assert store.read_trace("e2")[-1]["index"] == 1
+
+
+def test_integers_beyond_64_bits_are_refused_before_any_write(
+    opened: Callable[..., SqliteStore],
+) -> None:
+    store = opened()
+    store.commit(Execution(id="e1"), [("t", "x")])
+    with pytest.raises(ValueError, match="64-bit"):
+        store.commit(Execution(id="e2", version=2**63), [("t", "y")])
+    with pytest.raises(ValueError, match="64-bit"):
+        store.save(store.load("e1"), epoch=2**64)
+    store.ack_outbox(2**64)  # no seq of the store: a no-op, as any unknown seq
+    store.ack_spawn(-(2**70))
+    assert [e.event for e in store.pending_outbox()] == ["x"]
+    assert store.load("e1").version == 1 and store.load("e2") is None
+    # Big values inside an execution or an event are the codec's: JSON holds them.
+    exe = Execution(id="e3", context={"big": 2**100})
+    store.commit(exe, [("t", -(2**200))])
+    assert store.load("e3").context == {"big": 2**100}
+    assert store.pending_outbox()[-1].event == -(2**200)
 
 
 # --- the schema --------------------------------------------------------------------------

@@ -9,12 +9,15 @@ specification typed in (``spec_port.py``), measured in the same run.
 Benchmarks are named ``<impl>:<case>``, e.g. ``compiled:commit_typical``. Every case
 checks, before it times anything, that the store it is about to measure is an instance
 of the requested implementation, and the compiled one must come from a compiled
-extension module: a run can never compare Python with Python.
+extension module: a run can never compare Python with Python. The cases of the store
+protocol (``commit_typical_id_epoch``, ``commit_replayed``, ``claim_ack_<n>``) run for the
+compiled and pure stores only: the spec port has no commit ids, epochs or claims.
 
 Each time function builds its store outside the timed region and times a manual loop
 of ``loops`` operations; pyperf divides by ``loops * inner_loops``. The cases that change
-the store start every value from a fresh store; the typical commits, which leave entries
-behind, take a fresh store every ``COMMIT_CHUNK`` commits (see ``time_commit_typical``);
+the store start every value from a fresh store; the typical commits (and their replays),
+which leave entries behind, take a fresh store every ``COMMIT_CHUNK`` commits (see
+``time_commit_typical``);
 the read-only cases (``load_hit``, ``due_timers``) reuse their store for the whole worker.
 
 The garbage collector stays on while the clock runs, but every setup ends with
@@ -48,6 +51,9 @@ from harel_store import AsyncDictStore, Execution, TimerOp
 from harel_store._demo import run as run_demo
 
 IMPLS = ("compiled", "pure", "spec")
+# The implementations with the protocol of issue 11 (commit ids, epochs, claims): the
+# spec port has none of it, so its cases are not registered for it.
+PROTOCOL_IMPLS = ("compiled", "pure")
 IMPL_ALIASES = {"all": IMPLS, "both": ("compiled", "pure")}
 IMPL_MODULES = {
     "compiled": "harel_store._store_c",
@@ -57,6 +63,7 @@ IMPL_MODULES = {
 
 DRAIN_ORDERS = ("fifo", "reverse", "shuffled")
 COMMIT_CHUNK = 1_000  # typical commits per fresh store
+CLAIM_LIMIT = 100  # entries per claim_outbox in the claim + ack cases (its default)
 NOW = 1_700_000_000.0  # "now" for the timer cases, in epoch seconds
 LATER = NOW + 3600.0  # a fire_at that is never due
 
@@ -69,6 +76,7 @@ class Sizes:
     executions: int = 1_000  # executions (each with one armed timer) in the commit store
     trace_max: int = 200  # steps in the full trace ring
     drains: tuple[int, ...] = (10_000, 100_000)  # outbox entries per drain
+    claims: tuple[int, ...] = (10_000, 100_000)  # outbox entries per claim + ack drain
     spec_drains: tuple[int, ...] = (10_000, 20_000)  # the spec's drain is quadratic
     timers: int = 100_000  # armed timers for due_timers
     due: int = 10  # of which due
@@ -76,7 +84,14 @@ class Sizes:
 
 
 FULL = Sizes()
-QUICK = replace(FULL, drains=(1_000, 4_000), spec_drains=(1_000, 2_000), timers=5_000, demo=50)
+QUICK = replace(
+    FULL,
+    drains=(1_000, 4_000),
+    spec_drains=(1_000, 2_000),
+    claims=(1_000, 4_000),
+    timers=5_000,
+    demo=50,
+)
 
 
 def _k(n: int) -> str:
@@ -290,6 +305,87 @@ def time_commit_typical(loops: int, impl: Impl, sizes: Sizes) -> float:
     return elapsed
 
 
+def time_commit_typical_id_epoch(loops: int, impl: Impl, sizes: Sizes) -> float:
+    """``time_commit_typical`` with the protocol's two keywords: a fresh ``commit_id``
+    per commit (built before the clock) and a constant ``epoch=1``, as a relay holding
+    its claim on the execution sends them. Each commit also records its id and body."""
+    elapsed = 0.0
+    for chunk in chunks(loops):
+        store = commit_store(impl, sizes)
+        exe = store.load("exe-0")
+        commit = store.commit
+        work = [(e, r, f"commit-{i}") for i, (e, r) in enumerate(typical_work(chunk))]
+        settle()
+        t0 = perf_counter()
+        for event_id, rearm, commit_id in work:
+            commit(
+                exe,
+                EMITS,
+                processed_event_id=event_id,
+                timers=rearm,
+                spawns=SPAWNS,
+                trace=STEP,
+                commit_id=commit_id,
+                epoch=1,
+            )
+        elapsed += perf_counter() - t0
+        if (
+            not store.is_processed("exe-0", work[-1][0])
+            or len(store.read_trace("exe-0")) != sizes.trace_max
+        ):
+            raise RuntimeError("commit_typical_id_epoch did not commit")
+    return elapsed
+
+
+def time_commit_replayed(loops: int, impl: Impl, sizes: Sizes) -> float:
+    """A replay of a typical commit: the setup commits ``chunk`` typical commits of
+    ``exe-0``, each with its own ``commit_id`` and ``epoch=1``; the clock then times each
+    of them sent again, with the same id, body and epoch, as a writer retrying a commit
+    whose first try landed. ``exe`` is the object ``load`` returns, the one the store
+    holds, so its version is the store's and stays; a replay writes nothing. Chunked like
+    ``time_commit_typical``, so the store a replay checks against is the same size."""
+    elapsed = 0.0
+    for chunk in chunks(loops):
+        store = commit_store(impl, sizes)
+        exe = store.load("exe-0")
+        commit = store.commit
+        work = [(e, r, f"commit-{i}") for i, (e, r) in enumerate(typical_work(chunk))]
+        for event_id, rearm, commit_id in work:
+            commit(
+                exe,
+                EMITS,
+                processed_event_id=event_id,
+                timers=rearm,
+                spawns=SPAWNS,
+                trace=STEP,
+                commit_id=commit_id,
+                epoch=1,
+            )
+        version = exe.version
+        pending = len(store.pending_outbox())
+        settle()
+        t0 = perf_counter()
+        for event_id, rearm, commit_id in work:
+            commit(
+                exe,
+                EMITS,
+                processed_event_id=event_id,
+                timers=rearm,
+                spawns=SPAWNS,
+                trace=STEP,
+                commit_id=commit_id,
+                epoch=1,
+            )
+        elapsed += perf_counter() - t0
+        if (
+            exe.version != version
+            or store.load("exe-0") is not exe
+            or len(store.pending_outbox()) != pending
+        ):
+            raise RuntimeError("commit_replayed wrote something")
+    return elapsed
+
+
 def time_async_commit_typical(loops: int, impl: Impl, sizes: Sizes) -> float:
     """``time_commit_typical`` through the async store, awaited in a loop."""
 
@@ -357,6 +453,38 @@ def time_drain(loops: int, impl: Impl, entries: int, order: str) -> float:
         # Free this drain's entries here, not when the next drain's `pending = ...` drops
         # the last reference to them, inside its clock.
         del pending, ack, store
+    return total
+
+
+def time_claim_ack(loops: int, impl: Impl, entries: int) -> float:
+    """A relay's drain through claims: the outbox filled with ``entries`` entries as
+    ``time_drain`` fills it, then ``claim_outbox(limit=100)`` and ``ack_outbox`` of each
+    entry it returns, until a claim returns nothing; inner_loops=entries, so pyperf
+    reports the time per entry. The leases (30 s) never run out within the clock."""
+    emits = [(f"exe-{i % 1000}", i) for i in range(entries)]
+    exe = Execution(id="producer")
+    total = 0.0
+    for _ in range(loops):
+        store = impl.store_type()
+        expect(impl, store)
+        store.commit(exe, emits)
+        claim = store.claim_outbox
+        ack = store.ack_outbox
+        limit = CLAIM_LIMIT
+        claimed = 0
+        settle()
+        t0 = perf_counter()
+        while True:
+            batch = claim(limit)
+            if not batch:
+                break
+            for entry in batch:
+                ack(entry.seq)
+            claimed += len(batch)
+        total += perf_counter() - t0
+        if claimed != entries or store.pending_outbox():
+            raise RuntimeError("claim_ack did not drain")
+        del batch, claim, ack, store
     return total
 
 
@@ -436,12 +564,20 @@ def cases(impl: Impl, sizes: Sizes, executions: int) -> list[Case]:
         Case("save_same_user_object", time_save_same, (impl, sizes, UserExecution), 10),
         Case("commit_minimal", time_commit_minimal, (impl, sizes)),
         Case("commit_typical", time_commit_typical, (impl, sizes)),
-        Case("trace_append_full", time_trace_append_full, (impl, sizes)),
     ]
+    if impl.name in PROTOCOL_IMPLS:
+        suite += [
+            Case("commit_typical_id_epoch", time_commit_typical_id_epoch, (impl, sizes)),
+            Case("commit_replayed", time_commit_replayed, (impl, sizes)),
+        ]
+    suite.append(Case("trace_append_full", time_trace_append_full, (impl, sizes)))
     for order in DRAIN_ORDERS:
         for n in drains:
             args = (impl, n, order)
             suite.append(Case(f"drain_{order}_{_k(n)}", time_drain, args, n, "entry"))
+    if impl.name in PROTOCOL_IMPLS:
+        for n in sizes.claims:
+            suite.append(Case(f"claim_ack_{_k(n)}", time_claim_ack, (impl, n), n, "entry"))
     suite += [
         Case(f"due_timers_{_k(sizes.timers)}", time_due_timers, (impl, sizes)),
         Case("async_commit_typical", time_async_commit_typical, (impl, sizes)),
@@ -541,7 +677,8 @@ def main() -> None:
     groups: dict[str, list[tuple[Impl, Case]]] = {}
     for impl in impls:
         for case in cases(impl, sizes, args.demo_executions):
-            family = case.name.rpartition("_")[0] if case.func is time_drain else case.name
+            sized = case.func is time_drain or case.func is time_claim_ack
+            family = case.name.rpartition("_")[0] if sized else case.name
             groups.setdefault(family, []).append((impl, case))
     for group in groups.values():
         for impl, case in group:

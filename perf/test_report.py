@@ -78,3 +78,82 @@ def test_a_missing_implementation_is_missing(missing: str) -> None:
     del medians["commit_typical"][missing]
     row = pure_vs_spec(report.targets(medians, {}))
     assert row.status == "MISSING"
+
+
+def medians_of(samples: report.Samples) -> report.Medians:
+    return {
+        case: {impl: statistics.median(v for run in r for v in run) for impl, r in by.items()}
+        for case, by in samples.items()
+    }
+
+
+def replay_row(rows: list[report.Row], impl: str) -> report.Row:
+    return next(r for r in rows if r.target.startswith(f"{impl}, `commit_replayed`"))
+
+
+@pytest.mark.parametrize(
+    ("replayed", "status"),
+    [(1.5e-6, "PASS"), (2.0e-6, "WITHIN NOISE"), (2.6e-6, "FAIL")],
+)
+def test_a_replay_is_judged_against_the_typical_commit_of_its_own_store(
+    replayed: float, status: str
+) -> None:
+    """Two cases of one implementation, judged on the interval as two implementations
+    of one case are: a replay must not cost more than a normal commit."""
+    samples: report.Samples = {
+        "commit_typical": {"pure": runs(2.0e-6, 0.04)},
+        "commit_replayed": {"pure": runs(replayed, 0.04, seed=5)},
+    }
+    rows = report.targets(medians_of(samples), samples)
+    row = replay_row(rows, "pure")
+    assert row.status == status
+    medians = medians_of(samples)
+    ratio = medians["commit_typical"]["pure"] / medians["commit_replayed"]["pure"]
+    assert row.measured.startswith(f"{ratio:.2f}×")
+    assert replay_row(rows, "compiled").status == "MISSING"
+
+
+def test_the_compiled_store_must_be_2_8_times_the_spec_port() -> None:
+    samples: report.Samples = {
+        "commit_typical": {"compiled": runs(1.0e-6, 0.01), "spec": runs(2.5e-6, 0.01, seed=2)}
+    }
+    rows = report.targets(medians_of(samples), samples)
+    row = next(r for r in rows if r.target.startswith("compiled vs spec, `commit_typical`"))
+    assert "2.8×" in row.target
+    assert row.status == "FAIL"  # 2.5x cleared the old 2.2x target
+
+
+@pytest.mark.parametrize(("large", "status"), [(1.2e-6, "PASS"), (1.4e-6, "FAIL")])
+def test_claim_ack_per_entry_stays_flat(large: float, status: str) -> None:
+    medians: report.Medians = {
+        "claim_ack_10k": {"compiled": 1.0e-6},
+        "claim_ack_100k": {"compiled": large},
+    }
+    rows = report.targets(medians, {})
+    row = next(r for r in rows if r.target.startswith("compiled, `claim_ack_100k`"))
+    assert row.status == status
+    missing = next(r for r in rows if r.target.startswith("pure, `claim_ack`"))
+    assert missing.status == "MISSING"
+
+
+def test_the_protocol_cases_are_required_of_the_stores_not_of_the_spec_port() -> None:
+    every = [
+        "load_hit",
+        "save_same_execution",
+        "save_same_user_object",
+        "commit_minimal",
+        "commit_typical",
+        "trace_append_full",
+        *(f"drain_{order}_{n}k" for order in ("fifo", "reverse", "shuffled") for n in (1, 4)),
+        "due_timers_5k",
+        "async_commit_typical",
+        "demo_orders_50",
+    ]
+    protocol = ["commit_typical_id_epoch", "commit_replayed", "claim_ack_1k", "claim_ack_4k"]
+    medians: report.Medians = {case: {"pure": 1.0, "spec": 1.0} for case in every}
+    medians.update({case: {"pure": 1.0} for case in protocol})
+    assert report.missing(medians, ("pure", "spec")) == []
+    del medians["claim_ack_4k"]
+    del medians["commit_replayed"]
+    assert report.missing(medians, ("pure", "spec")) == ["pure:commit_replayed", "pure:claim_ack_*"]
+    assert report.missing(medians, ("spec",)) == []

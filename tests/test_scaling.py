@@ -210,3 +210,68 @@ def test_due_timers_cost_follows_the_due_ones(impl: Any) -> None:
 
     ratio = growth(time_due, 1_000, 100_000, bound=10)
     assert ratio < 10, f"100x the armed timers took {ratio:.0f}x the time"
+
+
+class FakeClock:
+    """A lease clock that moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+Claim = Callable[[Any, int, float], list[Any]]
+CLAIMS: dict[str, tuple[Fill, Claim, Callable[[Any], int]]] = {
+    "outbox": (
+        FIFOS["outbox"][0],
+        lambda store, limit, lease: store.claim_outbox(limit, lease=lease),
+        lambda entry: entry.seq - 1,
+    ),
+    "spawns": (
+        FIFOS["spawns"][0],
+        lambda store, limit, lease: store.claim_spawns(limit, lease=lease),
+        lambda entry: entry.seq - 1,
+    ),
+    "timers": (
+        lambda store, exe, n: store.commit(
+            exe, [], timers=[schedule(i, float(i)) for i in range(n)]
+        ),
+        lambda store, limit, lease: store.claim_due_timers(1e12, limit, lease=lease),
+        lambda timer: int(timer[2]),
+    ),
+}
+
+
+@pytest.mark.parametrize("leases", ["live", "expired"])
+@pytest.mark.parametrize("kind", CLAIMS)
+def test_claim_cost_follows_what_it_returns(impl: Any, kind: str, leases: str) -> None:
+    """Claims of 10 items each, from 10,000 and from 100,000 pending items (timers: all
+    due) whose oldest half is leased. With the leases ``live`` a claim must not walk past
+    the leased items; with them ``expired`` it returns them, and must not walk past the
+    rest. Either way 10x the pending items may not cost 10x per claim."""
+    fill, claim, position = CLAIMS[kind]
+    rounds, per_claim, repeat = 100, 10, 3
+
+    def cost(n: int) -> float:
+        clock = FakeClock()
+        store = impl.DictStore(clock=clock)
+        fill(store, Execution(id="e1"), n)
+        half = n // 2
+        assert [position(item) for item in claim(store, half, 10.0)] == list(range(half))
+        if leases == "expired":
+            clock.now = 100.0
+
+        def claims() -> None:
+            for _ in range(rounds):
+                claim(store, per_claim, 1e6)
+
+        elapsed = best_time(claims, repeat=repeat)
+        taken = rounds * per_claim * repeat
+        first = taken if leases == "expired" else half + taken
+        assert [position(item) for item in claim(store, 2, 1e6)] == [first, first + 1]
+        return elapsed
+
+    ratio = growth(cost, 10_000, 100_000, bound=4)
+    assert ratio < 4, f"claims from 10x the pending {kind} took {ratio:.1f}x the time"

@@ -427,3 +427,371 @@ def test_stores_behave_like_the_model(impl: Any, pure_impl: Any) -> None:
 
     Machine.factories = factories
     run_state_machine_as_test(Machine, settings=settings())
+
+
+# --- The protocol of DURABLE.md (issue 11): commit ids, writer epochs, claims ----------
+
+
+def _protocol_errors() -> tuple[type[Exception], type[Exception]]:
+    import harel_store
+
+    return harel_store.IdempotencyConflict, harel_store.StaleWriter
+
+
+class FakeClock:
+    """The stores' lease clock, moved only by the machine. Claims happen at whole
+    seconds and leases end at half seconds, so no claim falls on the end of a lease."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _check_epoch(epoch: Any) -> None:
+    if epoch is None:
+        return
+    if isinstance(epoch, bool) or not isinstance(epoch, int):
+        raise TypeError(f"epoch must be an int, got {type(epoch).__name__}")
+    if epoch < 0:
+        raise ValueError(f"epoch must be at least 0, got {epoch}")
+
+
+def _check_limit(limit: Any) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"limit must be an int, got {type(limit).__name__}")
+    if limit < 0:
+        raise ValueError(f"limit must be at least 0, got {limit}")
+    return limit
+
+
+def _check_seconds(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number, got {type(value).__name__}")
+    if math.isnan(value):
+        raise ValueError(f"{what} must be a number, got nan")
+    return float(value)
+
+
+class ProtocolModel(Model):
+    """The model with what DURABLE.md adds for every store, read as plainly: a dict of
+    commit ids with the body each was handed and the version it produced, a dict of
+    epochs, and per FIFO entry or armed timer the clock time its lease ends. A timer's
+    lease belongs to one arming: a re-arm is a fresh timer."""
+
+    preserves_identity = True
+    durable = False
+
+    def __init__(
+        self, *, trace_max: int | None = 200, clock: Callable[[], float] | None = None
+    ) -> None:
+        super().__init__(trace_max=trace_max)
+        assert clock is not None, "the model needs the machine's clock"
+        self.clock = clock
+        self.commit_ids: dict[tuple[Any, str], tuple[Any, int]] = {}
+        self.epochs: dict[Any, int] = {}
+        self.outbox_leases: dict[int, float] = {}
+        self.spawn_leases: dict[int, float] = {}
+        self.timer_leases: dict[tuple[Any, Any], tuple[int, float]] = {}  # key -> (arming, end)
+
+    def close(self) -> None:
+        pass
+
+    def save(self, exe: Any, *, epoch: int | None = None) -> None:
+        _check_epoch(epoch)
+        self._fence(exe.id, epoch)
+        super().save(exe)
+        self._claim_epoch(exe.id, epoch)
+
+    def commit(  # type: ignore[override]
+        self,
+        exe: Any,
+        emits: Iterable[tuple[Any, Any]],
+        processed_event_id: Any = None,
+        timers: Iterable[TimerOp] = (),
+        spawns: Iterable[tuple[Any, Any, Mapping[Any, Any]]] = (),
+        trace: Mapping[str, Any] | None = None,
+        *,
+        commit_id: str | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        if commit_id is not None and not isinstance(commit_id, str):
+            raise TypeError(f"commit_id must be a str, got {type(commit_id).__name__}")
+        _check_epoch(epoch)
+        emits, timers, spawns = list(emits), list(timers), list(spawns)
+        body = (
+            tuple((target, event) for target, event in emits),
+            processed_event_id,
+            tuple(timers),
+            tuple((child, root, dict(context)) for child, root, context in spawns),
+            None if trace is None else dict(trace),
+        )
+        if commit_id is not None and (exe.id, commit_id) in self.commit_ids:
+            first, version = self.commit_ids[(exe.id, commit_id)]
+            if first != body:
+                raise _protocol_errors()[0](exe.id, commit_id)
+            if self.by_id.get(exe.id) is not exe:
+                exe.version = version
+            return
+        self._fence(exe.id, epoch)
+        super().commit(exe, emits, processed_event_id, timers, spawns, trace)
+        self._claim_epoch(exe.id, epoch)
+        if commit_id is not None:
+            self.commit_ids[(exe.id, commit_id)] = (body, exe.version)
+
+    def _fence(self, execution_id: Any, epoch: int | None) -> None:
+        held = self.epochs.get(execution_id)
+        if epoch is not None and held is not None and held > epoch:
+            raise _protocol_errors()[1](execution_id, epoch, held)
+
+    def _claim_epoch(self, execution_id: Any, epoch: int | None) -> None:
+        if epoch is not None:
+            self.epochs[execution_id] = max(epoch, self.epochs.get(execution_id, epoch))
+
+    def _claim(self, items: list[Any], leases: dict[int, float], limit: Any, lease: Any) -> Any:
+        limit = _check_limit(limit)
+        lease = _check_seconds(lease, "lease")
+        if lease < 0 or math.isinf(lease):
+            raise ValueError(f"lease must be finite and at least 0, got {lease}")
+        now, claimed = self.clock(), []
+        for item in items:
+            if len(claimed) >= limit:
+                break
+            if leases.get(item.seq, -math.inf) <= now:
+                leases[item.seq] = now + lease
+                claimed.append(item)
+        return claimed
+
+    def claim_outbox(self, limit: int = 100, *, lease: float = 30.0) -> list[OutboxEntry]:
+        return self._claim(self.outbox, self.outbox_leases, limit, lease)  # type: ignore[no-any-return]
+
+    def claim_spawns(self, limit: int = 100, *, lease: float = 30.0) -> list[SpawnEntry]:
+        return self._claim(self.spawns, self.spawn_leases, limit, lease)  # type: ignore[no-any-return]
+
+    def claim_due_timers(
+        self, now: float, limit: int = 100, *, lease: float = 30.0
+    ) -> list[tuple[Any, Any, float]]:
+        now = _check_seconds(now, "now")
+        limit = _check_limit(limit)
+        lease = _check_seconds(lease, "lease")
+        if lease < 0 or math.isinf(lease):
+            raise ValueError(f"lease must be finite and at least 0, got {lease}")
+        clock, claimed = self.clock(), []
+        for at, arming, key in sorted((at, n, key) for key, (at, n) in self.timers.items()):
+            if at > now or len(claimed) >= limit:
+                break
+            held = self.timer_leases.get(key)
+            if held is None or held[0] != arming or held[1] <= clock:
+                self.timer_leases[key] = (arming, clock + lease)
+                claimed.append((*key, at))
+        return claimed
+
+    def ack_outbox(self, seq: int) -> None:
+        super().ack_outbox(seq)
+        self.outbox_leases.pop(seq, None)
+
+    def ack_spawn(self, seq: int) -> None:
+        super().ack_spawn(seq)
+        self.spawn_leases.pop(seq, None)
+
+    def forget(self, execution_id: Any) -> None:
+        """Drop the execution, its marks, timers, trace (with its index), commit ids and
+        epoch; pending outbox and spawn entries stay, owed to a relay."""
+        self.by_id.pop(execution_id, None)
+        self.processed = {(e, v) for e, v in self.processed if e != execution_id}
+        self.timers = {key: at for key, at in self.timers.items() if key[0] != execution_id}
+        self.trace.pop(execution_id, None)
+        self.trace_idx.pop(execution_id, None)
+        self.commit_ids = {k: v for k, v in self.commit_ids.items() if k[0] != execution_id}
+        self.epochs.pop(execution_id, None)
+
+
+COMMIT_IDS = ("k1", "k2", "k3")
+EPOCHS = st.none() | st.integers(0, 3)
+LEASES = st.sampled_from([0.5, 1.5, 2.5, 30.5])
+LIMITS = st.integers(0, 4) | st.just(100)
+# Each is refused by every store, whatever the call around it, with nothing written or
+# leased: (method, keyword arguments).
+BAD_PROTOCOL_CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+    ("commit", (), {"commit_id": 1}),
+    ("commit", (), {"commit_id": b"k1"}),
+    ("commit", (), {"commit_id": ["k1"]}),
+    ("commit", (), {"epoch": True}),
+    ("commit", (), {"epoch": 1.0}),
+    ("commit", (), {"epoch": -1}),
+    ("commit", (), {"commit_id": "k1", "epoch": -1}),
+    ("save", (), {"epoch": False}),
+    ("save", (), {"epoch": -2}),
+    ("claim_outbox", (), {"limit": -1}),
+    ("claim_outbox", (True,), {}),
+    ("claim_outbox", (), {"lease": -1.0}),
+    ("claim_spawns", (), {"lease": math.nan}),
+    ("claim_spawns", (1.0,), {}),
+    ("claim_due_timers", (math.nan,), {}),
+    ("claim_due_timers", ("1",), {}),
+    ("claim_due_timers", (5.0,), {"lease": "1"}),
+    ("claim_due_timers", (5.0, -3), {}),
+]
+
+
+class ProtocolMachine(StoreMachine):
+    """``StoreMachine`` with the protocol: commits under commit ids and epochs, replays
+    of earlier commits with equal and with changed bodies, saves under epochs, claims of
+    all three kinds on a fake clock the machine advances, and ``forget``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock()
+        self.sent: list[tuple[Any, str, dict[str, Any]]] = []  # (id, commit id, body)
+
+    @initialize(target=StoreMachine.handles, trace_max=TRACE_MAXES)
+    def create_stores(self, trace_max: int | None) -> Any:
+        self.stores = [
+            factory(trace_max=trace_max, clock=self.clock) for factory in self.factories.values()
+        ]
+        return multiple(*(self.new_execution(eid, 0) for eid in IDS))
+
+    def outcome(self, i: int, func: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        idempotency, stale = _protocol_errors()
+        try:
+            return super().outcome(i, func, args)
+        except idempotency as err:
+            return ("idempotency", err.execution_id, err.commit_id)  # type: ignore[attr-defined]
+        except stale as err:
+            return ("stale", err.execution_id, err.epoch, err.current)  # type: ignore[attr-defined]
+
+    def apply_kw(self, method: str, args: Args, **kwargs: Any) -> Any:
+        """``apply`` with the same keyword arguments for every store."""
+        results = [
+            self.outcome(i, partial(getattr(store, method), **kwargs), args(i))
+            for i, store in enumerate(self.stores)
+        ]
+        for name, result in zip(self.names[1:], results[1:]):
+            assert result == results[0], (
+                f"{method}({kwargs}): {name} gave {result!r}, the model {results[0]!r}"
+            )
+        return results[0]
+
+    def commit_body(self, h: int, body: dict[str, Any], **kwargs: Any) -> Any:
+        """Commit ``body`` (fresh containers for each store) on handle ``h``."""
+        return self.apply_kw(
+            "commit",
+            lambda i: (
+                self.objects[h][i],
+                list(body["emits"]),
+                body["processed"],
+                list(body["timers"]),
+                [(c, r, dict(ctx)) for c, r, ctx in body["spawns"]],
+                None if body["trace"] is None else dict(body["trace"]),
+            ),
+            **kwargs,
+        )
+
+    @rule(
+        h=StoreMachine.handles,
+        commit_id=st.none() | st.sampled_from(COMMIT_IDS),
+        epoch=EPOCHS,
+        emits=emit_lists,
+        processed=st.none() | st.sampled_from(EVENTS),
+        timers=st.lists(timer_ops, max_size=3),
+        spawns=spawn_lists,
+        trace=st.none() | trace_entries,
+    )
+    def commit_with_id(
+        self,
+        h: int,
+        commit_id: str | None,
+        epoch: int | None,
+        emits: list[tuple[Any, str]],
+        processed: Any,
+        timers: list[TimerOp],
+        spawns: list[tuple[str, Any, dict[str, int]]],
+        trace: dict[str, Any] | None,
+    ) -> None:
+        body = {
+            "emits": emits,
+            "processed": processed,
+            "timers": timers,
+            "spawns": spawns,
+            "trace": trace,
+        }
+        self.commit_body(h, body, commit_id=commit_id, epoch=epoch)
+        if commit_id is not None:
+            eid = self.objects[h][0].id
+            self.sent.append((eid, commit_id, body))
+
+    @rule(
+        data=st.data(),
+        epoch=EPOCHS,
+        change=st.sampled_from([None, None, "emits", "processed", "timers", "spawns", "trace"]),
+    )
+    def replay(self, data: st.DataObject, epoch: int | None, change: str | None) -> None:
+        """An earlier commit again, from any object of its execution, at any epoch: with
+        its body, or with one part of it changed."""
+        if not self.sent:
+            return
+        eid, commit_id, body = data.draw(st.sampled_from(self.sent), label="commit")
+        handles = [h for h, objs in enumerate(self.objects) if objs[0].id == eid]
+        h = data.draw(st.sampled_from(handles), label="handle")
+        if change == "emits":
+            body = {**body, "emits": [*body["emits"], (None, "changed")]}
+        elif change == "processed":
+            body = {**body, "processed": "changed" if body["processed"] is None else None}
+        elif change == "timers":
+            body = {**body, "timers": [*body["timers"], TimerOp("cancel", "changed")]}
+        elif change == "spawns":
+            body = {**body, "spawns": [*body["spawns"], ("c9", "r", {})]}
+        elif change == "trace":
+            body = {**body, "trace": None if body["trace"] else {"n": 0}}
+        self.commit_body(h, body, commit_id=commit_id, epoch=epoch)
+
+    @rule(h=StoreMachine.handles, epoch=EPOCHS)
+    def save_with_epoch(self, h: int, epoch: int | None) -> None:
+        self.apply_kw("save", self.with_exe(h), epoch=epoch)
+
+    @rule(fifo=st.sampled_from(["claim_outbox", "claim_spawns"]), limit=LIMITS, lease=LEASES)
+    def claim(self, fifo: str, limit: int, lease: float) -> None:
+        self.apply_kw(fifo, same(limit), lease=lease)
+
+    @rule(now=TIMES | st.sampled_from([-math.inf, math.inf]), limit=LIMITS, lease=LEASES)
+    def claim_due_timers(self, now: float, limit: int, lease: float) -> None:
+        self.apply_kw("claim_due_timers", same(now, limit), lease=lease)
+
+    @rule(seconds=st.integers(1, 3))
+    def advance_clock(self, seconds: int) -> None:
+        self.clock.now += seconds
+
+    @rule(eid=st.sampled_from(IDS))
+    def forget(self, eid: Any) -> None:
+        self.apply("forget", same(eid))
+
+    @rule(h=StoreMachine.handles, bad=st.sampled_from(BAD_PROTOCOL_CALLS))
+    def refused_protocol_call(
+        self, h: int, bad: tuple[str, tuple[Any, ...], dict[str, Any]]
+    ) -> None:
+        """Every store refuses with the same error; the invariant and the claims that
+        follow show that nothing was written or leased."""
+        method, args, kwargs = bad
+        refusals = set()
+        for i, store in enumerate(self.stores[1:], start=1):
+            exe = self.objects[h][i]
+            lead = {"commit": (exe, [(None, "ok")], "v2"), "save": (exe,)}.get(method, ())
+            with pytest.raises((TypeError, ValueError)) as info:
+                getattr(store, method)(*lead, *args, **kwargs)
+            refusals.add(info.type)
+        assert len(refusals) == 1, f"the stores refused with different errors: {refusals}"
+
+
+def test_protocol_stores_behave_like_the_model(impl: Any, pure_impl: Any) -> None:
+    """The pure store, the store of ``impl`` and its async twin against the protocol
+    model, with commit ids, epochs, claims on a shared fake clock, and forget."""
+    factories: dict[str, Callable[..., Any]] = {"model": ProtocolModel, "pure": pure_impl.DictStore}
+    factories[impl.name] = impl.DictStore
+    factories[f"{impl.name}-async"] = lambda **kw: AsyncAsSync(impl.AsyncDictStore(**kw), drive)
+
+    class Machine(ProtocolMachine):
+        pass
+
+    Machine.factories = factories
+    run_state_machine_as_test(Machine, settings=settings())

@@ -397,9 +397,8 @@ cdef class DictStore:
         cdef _Ring ring
         cdef tuple plan = None
         cdef bint stamp = False
-        cdef bint str_paths = True
-        cdef bint marked = False
-        cdef bint new
+        cdef bint str_keys = True
+        cdef bint late_mark, fenced
         cdef object eid, prev, version, found, target, action, fire_at, child_id, context, done
         cdef long long n
         cdef Py_ssize_t size
@@ -431,6 +430,7 @@ cdef class DictStore:
                 out = _checks.outbox_entries(emits, self._seq)
             if processed_event_id is not None and type(processed_event_id) is not str:
                 _checks.hashable(processed_event_id, "processed_event_id")
+                str_keys = False
             if timers is not _EMPTY:
                 if type(timers) is tuple:
                     ops = <tuple>timers
@@ -460,7 +460,7 @@ cdef class DictStore:
                         break
                 for item in ops:
                     if type((<tuple>item)[1]) is not str:
-                        str_paths = False
+                        str_keys = False
                         break
             if spawns is not _EMPTY:
                 if type(spawns) is list or type(spawns) is tuple:
@@ -488,31 +488,16 @@ cdef class DictStore:
             if trace is not None:
                 step = (<dict>trace).copy() if type(trace) is dict else _checks.trace_step(trace, "trace")
                 stamp = "index" not in step
-            if commit_id is not None:
-                commit_id = _checks.as_commit_id(commit_id)
-            if epoch is not None:
-                epoch = _checks.as_epoch(epoch)
-
             try:
                 slot = slots.get(eid)
             except TypeError:
                 raise _bad_exe("hash", eid) from None
-            if commit_id is not None:
-                body = _body(out, processed_event_id, ops, born, step)
-                if slot is not None and slot.commits is not None:
-                    done = slot.commits.get(commit_id)
-                    if done is not None:
-                        if (<tuple>done)[1] != body:
-                            raise IdempotencyConflict(eid, commit_id)
-                        if exe is not slot.exe:
-                            try:
-                                exe.version = (<tuple>done)[0]
-                            except AttributeError:
-                                raise _bad_exe("writable", exe) from None
-                        return 0
-            if epoch is not None and slot is not None:
-                if slot.epoch is not None and epoch < slot.epoch:
-                    raise StaleWriter(eid, epoch, slot.epoch)
+            fenced = commit_id is not None or epoch is not None
+            if fenced:
+                fence = _fence(exe, eid, slot, commit_id, epoch, out, processed_event_id, ops, born, step)
+                if fence is None:
+                    return 0
+                commit_id, epoch, body = fence
             try:
                 version = exe.version
             except AttributeError:
@@ -524,37 +509,31 @@ cdef class DictStore:
                 found = prev.version
                 if found != version:
                     raise StoreConflict(eid, version, found)
-            if ops and (not str_paths or self._mixed):
+            if ops and (not str_keys or self._mixed):
                 plan = _plan_timers(None if slot is None else slot.paths, ops, eid)
             if step is not None and stamp:
                 step["index"] = 0 if slot is None or slot.ring is None else slot.ring.next_index
 
             # The write phase: one insert under a caller's key, then the version setter,
             # which undoes that insert if it raises; then no caller code at all.
-            new = slot is None
-            if new:
+            late_mark = processed_event_id is not None
+            if slot is None:
                 slot = _Slot()
-                if processed_event_id is not None:
+                if late_mark:
                     slot.marks = {processed_event_id: None}
-                    marked = True
                 if PyDict_SetDefault(slots, eid, slot) != <PyObject *>slot:
                     raise _checks.inconsistent("the execution id")
                 undo = slots
-            elif processed_event_id is not None:
-                if slot.marks is None:
-                    marks = {processed_event_id: None}
-                    marked = True
-                else:
-                    size = len(slot.marks)
-                    PyDict_SetDefault(slot.marks, processed_event_id, None)
-                    if len(slot.marks) != size:
-                        undo = slot.marks
-                        marked = True
+            elif late_mark and (not str_keys or self._mixed):
+                undo = self._mark_first(slot, processed_event_id)
+                late_mark = False
             try:
                 exe.version = version + 1
             except BaseException as exc:
                 if undo is not None:
                     undo.popitem()
+                    if undo is not slots:
+                        self._n_marks -= 1
                 if isinstance(exc, AttributeError):
                     raise _bad_exe("writable", exe) from None
                 raise
@@ -562,18 +541,20 @@ cdef class DictStore:
                 if prev is None:
                     self._n_exes += 1
                 slot.exe = exe
-            if marked:
-                if marks is not None:
-                    slot.marks = marks
-                self._n_marks += 1
-            if not str_paths:
+            if late_mark:
+                marks = slot.marks
+                if undo is slots:
+                    self._n_marks += 1
+                elif marks is None:
+                    slot.marks = {processed_event_id: None}
+                    self._n_marks += 1
+                elif processed_event_id not in marks:
+                    marks[processed_event_id] = None
+                    self._n_marks += 1
+            if not str_keys:
                 self._mixed = True
-            if commit_id is not None:
-                if slot.commits is None:
-                    slot.commits = {}
-                slot.commits[commit_id] = (version + 1, body)
-            if epoch is not None and (slot.epoch is None or epoch > slot.epoch):
-                slot.epoch = epoch
+            if fenced:
+                _enter(slot, commit_id, epoch, version + 1, body)
 
             if out:
                 self._outbox.extend(out, self._seq + 1, self._seq + len(out))
@@ -791,6 +772,20 @@ cdef class DictStore:
         finally:
             self._busy = False
 
+    cdef dict _mark_first(self, _Slot slot, object event_id):
+        cdef dict marks = slot.marks
+        cdef Py_ssize_t size
+        if marks is None:
+            marks = {event_id: None}
+            slot.marks = marks
+        else:
+            size = len(marks)
+            PyDict_SetDefault(marks, event_id, None)
+            if len(marks) == size:
+                return None
+        self._n_marks += 1
+        return marks
+
     cdef double _now(self) except? -1.0:
         now = self._clock()
         return PyFloat_AS_DOUBLE(now) if type(now) is float else _checks.as_time(now, "clock()")
@@ -903,6 +898,46 @@ cdef class DictStore:
         if ring.push(step):
             self._n_steps += 1
         return 0
+
+
+cdef tuple _fence(
+    object exe, object eid, _Slot slot, object commit_id, object epoch, object out,
+    object processed_event_id, tuple ops, object born, object step,
+):
+    cdef tuple body = _EMPTY
+    cdef object done
+    if commit_id is not None:
+        commit_id = _checks.as_commit_id(commit_id)
+    if epoch is not None:
+        epoch = _checks.as_epoch(epoch)
+    if commit_id is not None:
+        body = _body(out, processed_event_id, ops, born, step)
+    if slot is None:
+        return commit_id, epoch, body
+    if commit_id is not None and slot.commits is not None:
+        done = slot.commits.get(commit_id)
+        if done is not None:
+            if (<tuple>done)[1] != body:
+                raise IdempotencyConflict(eid, commit_id)
+            if exe is not slot.exe:
+                try:
+                    exe.version = (<tuple>done)[0]
+                except AttributeError:
+                    raise _bad_exe("writable", exe) from None
+            return None
+    if epoch is not None and slot.epoch is not None and epoch < slot.epoch:
+        raise StaleWriter(eid, epoch, slot.epoch)
+    return commit_id, epoch, body
+
+
+cdef int _enter(_Slot slot, object commit_id, object epoch, object version, tuple body) except -1:
+    if commit_id is not None:
+        if slot.commits is None:
+            slot.commits = {}
+        slot.commits[commit_id] = (version, body)
+    if epoch is not None and (slot.epoch is None or epoch > slot.epoch):
+        slot.epoch = epoch
+    return 0
 
 
 cdef tuple _plan_timers(dict paths, tuple ops, object eid):

@@ -88,13 +88,12 @@ class _Fifo:
             return list(self.entries)
         return [e for e in self.entries if e[0] in live]
 
-    def extend(self, records: list[Any], first: int, last: int) -> None:
-        """Append the records of seqs ``first`` to ``last``."""
-        self.entries.extend(records)
-        if self.live is not None:
-            self.live.update(range(first, last + 1))
-            if self.fresh is not None:
-                self.fresh.extend(records)
+    def extend_live(self, records: list[Any], first: int, last: int) -> None:
+        """Count in the records of seqs ``first`` to ``last``, just appended to
+        ``entries``, when the pending seqs are kept."""
+        self.live.update(range(first, last + 1))  # type: ignore[union-attr]
+        if self.fresh is not None:
+            self.fresh.extend(records)
 
     def ack(self, seq: Any) -> None:
         entries = self.entries
@@ -267,7 +266,7 @@ class DictStore:
         # The tables exist before __init__ runs, so a subclass that skips it still works.
         self = object.__new__(cls)
         self._busy = False
-        self._mixed = False  # a timer path that is not an exact str was stored
+        self._mixed = False  # a mark or timer path that is not an exact str was stored
         self._trace_max = self._maxlen = DEFAULT_TRACE_MAX
         self._clock = monotonic
         self._slots: dict[Hashable, _Slot] = {}
@@ -446,9 +445,10 @@ class DictStore:
             if out is None:
                 out = _checks.outbox_entries(emits, self._seq)
                 seq = self._seq + len(out)
+            str_keys = True  # every mark and path an exact str: lookups run no caller code
             if processed_event_id is not None and type(processed_event_id) is not str:
                 _checks.hashable(processed_event_id, "processed_event_id")
-            str_paths = True  # every path an exact str: its lookups run no caller code
+                str_keys = False
             ops: tuple[Any, ...] = _EMPTY
             one = None
             if timers is not _EMPTY:
@@ -485,7 +485,7 @@ class DictStore:
                             break
                     for op in ops:
                         if type(op[1]) is not str:
-                            str_paths = False
+                            str_keys = False
                             break
             spawn_seq = self._spawn_seq
             born: list[SpawnEntry] | tuple[()] | None
@@ -519,33 +519,18 @@ class DictStore:
             else:
                 step = trace.copy() if type(trace) is dict else _checks.trace_step(trace, "trace")
                 stamp = "index" not in step
-            if commit_id is not None:
-                commit_id = _checks.as_commit_id(commit_id)
-            if epoch is not None:
-                epoch = _checks.as_epoch(epoch)
-
             slots = self._slots
             try:
                 slot = slots.get(eid)
             except TypeError:
                 raise _bad_exe("hash", eid) from None
-            if commit_id is not None:
-                body = _body(out, processed_event_id, ops if one is None else (one,), born, step)
-                if slot is not None and slot.commits is not None:
-                    done = slot.commits.get(commit_id)
-                    if done is not None:
-                        if done[1] != body:
-                            raise IdempotencyConflict(eid, commit_id)
-                        if exe is not slot.exe:
-                            try:
-                                exe.version = done[0]
-                            except AttributeError:
-                                raise _bad_exe("writable", exe) from None
-                        return
-            if epoch is not None and slot is not None:
-                current = slot.epoch
-                if current is not None and epoch < current:
-                    raise StaleWriter(eid, epoch, current)
+            fenced = commit_id is not None or epoch is not None
+            if fenced:
+                fence = _fence(exe, eid, slot, commit_id, epoch, out, processed_event_id,
+                               ops if one is None else (one,), born, step)  # fmt: skip
+                if fence is None:
+                    return  # a replay
+                commit_id, epoch, body = fence
             # CAS, read as late as possible so no caller code runs between check and write.
             try:
                 version = exe.version
@@ -559,7 +544,7 @@ class DictStore:
                 if found != version:
                     raise StoreConflict(eid, version, found)
             plan = None
-            if (not str_paths or self._mixed) and (ops or one is not None):
+            if (not str_keys or self._mixed) and (ops or one is not None):
                 # Paths whose lookups may run caller code change a copy, made now.
                 plan = _plan_timers(None if slot is None else slot.paths, ops or (one,), eid)
                 one = None
@@ -571,33 +556,24 @@ class DictStore:
             # The write phase. The one insert under a caller's key comes first; then the
             # version setter, the last caller code, undoing that insert if it raises.
             undo: dict[Any, Any] | None = None
-            marks = None  # a new mark table, set once the commit is sure to land
-            marked = False
+            late_mark = processed_event_id is not None  # an exact str among strs: no code runs
             if slot is None:
                 slot = _Slot()
-                if processed_event_id is not None:
+                if late_mark:
                     slot.marks = {processed_event_id: None}
-                    marked = True
                 if slots.setdefault(eid, slot) is not slot:
                     raise _checks.inconsistent("the execution id")
                 undo = slots
-            elif processed_event_id is not None:
-                marks = slot.marks
-                if marks is None:
-                    marks = {processed_event_id: None}
-                    marked = True
-                else:
-                    size = len(marks)
-                    marks.setdefault(processed_event_id)
-                    if len(marks) != size:
-                        undo = marks
-                        marked = True
-                    marks = None
+            elif late_mark and (not str_keys or self._mixed):
+                undo = self._mark_first(slot, processed_event_id)
+                late_mark = False
             try:
                 exe.version = version + 1
             except BaseException as exc:
                 if undo is not None:
                     undo.popitem()
+                    if undo is not slots:
+                        self._n_marks -= 1
                 if isinstance(exc, AttributeError):
                     raise _bad_exe("writable", exe) from None
                 raise
@@ -605,21 +581,26 @@ class DictStore:
                 if prev is None:
                     self._n_exes += 1
                 slot.exe = exe
-            if marked:
-                if marks is not None:
-                    slot.marks = marks
-                self._n_marks += 1
-            if not str_paths:
+            if late_mark:
+                marks = slot.marks
+                if undo is slots:
+                    self._n_marks += 1
+                elif marks is None:
+                    slot.marks = {processed_event_id: None}
+                    self._n_marks += 1
+                elif processed_event_id not in marks:
+                    marks[processed_event_id] = None
+                    self._n_marks += 1
+            if not str_keys:
                 self._mixed = True
-            if commit_id is not None:
-                if slot.commits is None:
-                    slot.commits = {}
-                slot.commits[commit_id] = (version + 1, body)
-            if epoch is not None and (slot.epoch is None or epoch > slot.epoch):
-                slot.epoch = epoch
+            if fenced:
+                _enter(slot, commit_id, epoch, version + 1, body)
 
             if out:
-                self._outbox.extend(out, self._seq + 1, seq)
+                fifo = self._outbox  # _Fifo.extend, inlined: this is the hot path
+                fifo.entries.extend(out)
+                if fifo.live is not None:
+                    fifo.extend_live(out, self._seq + 1, seq)
                 self._seq = seq
             if one is not None:
                 paths = slot.paths
@@ -635,10 +616,22 @@ class DictStore:
             elif ops:
                 self._apply_timers(slot, eid, ops)
             if born:
-                self._spawns.extend(born, self._spawn_seq + 1, spawn_seq)
+                fifo = self._spawns
+                fifo.entries.extend(born)
+                if fifo.live is not None:
+                    fifo.extend_live(born, self._spawn_seq + 1, spawn_seq)
                 self._spawn_seq = spawn_seq
             if step is not None:
-                self._push_step(slot, step)
+                # _push_step, inlined: this is the hot path.
+                maxlen = self._maxlen
+                if ring is None or ring.steps.maxlen != maxlen:
+                    self._push_step(slot, step)
+                else:
+                    ring.next_index += 1
+                    steps = ring.steps
+                    if len(steps) != maxlen:
+                        self._n_steps += 1
+                    steps.append(step)
         finally:
             self._busy = False
 
@@ -889,6 +882,20 @@ class DictStore:
         finally:
             self._busy = False
 
+    def _mark_first(self, slot: _Slot, event_id: Hashable) -> dict[Hashable, None] | None:
+        """Insert a mark whose lookups may run caller code, before the version setter;
+        the table to ``popitem()`` if that raises, or None when nothing was added."""
+        marks = slot.marks
+        if marks is None:
+            slot.marks = marks = {event_id: None}
+        else:
+            size = len(marks)
+            marks.setdefault(event_id)
+            if len(marks) == size:
+                return None
+        self._n_marks += 1
+        return marks
+
     def _now(self) -> float:
         now = self._clock()
         if type(now) is not float:
@@ -987,6 +994,45 @@ class DictStore:
         if len(steps) != maxlen:
             self._n_steps += 1
         steps.append(step)
+
+
+def _fence(
+    exe: Any, eid: Hashable, slot: _Slot | None, commit_id: Any, epoch: Any, *body_parts: Any
+) -> tuple[str | None, int | None, tuple[Any, ...]] | None:
+    """The commit id and epoch checks of ``commit``, before its CAS: the checked id and
+    epoch with the body to record, or None for a replay of an applied commit id (``exe.version`` then set to what that
+    commit produced, unless ``exe`` is the stored object)."""
+    if commit_id is not None:
+        commit_id = _checks.as_commit_id(commit_id)
+    if epoch is not None:
+        epoch = _checks.as_epoch(epoch)
+    body = _body(*body_parts) if commit_id is not None else _EMPTY
+    if slot is None:
+        return commit_id, epoch, body
+    if commit_id is not None and slot.commits is not None:
+        done = slot.commits.get(commit_id)
+        if done is not None:
+            if done[1] != body:
+                raise IdempotencyConflict(eid, commit_id)
+            if exe is not slot.exe:
+                try:
+                    exe.version = done[0]
+                except AttributeError:
+                    raise _checks.bad_exe("writable", exe) from None
+            return None
+    if epoch is not None and slot.epoch is not None and epoch < slot.epoch:
+        raise StaleWriter(eid, epoch, slot.epoch)
+    return commit_id, epoch, body
+
+
+def _enter(slot: _Slot, commit_id: Any, epoch: Any, version: int, body: tuple[Any, ...]) -> None:
+    """Record a landed commit's id and epoch."""
+    if commit_id is not None:
+        if slot.commits is None:
+            slot.commits = {}
+        slot.commits[commit_id] = (version, body)
+    if epoch is not None and (slot.epoch is None or epoch > slot.epoch):
+        slot.epoch = epoch
 
 
 def _plan_timers(

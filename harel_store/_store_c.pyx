@@ -274,13 +274,36 @@ cdef class _Slot:
 
 
 cdef tuple _body(object out, object processed_event_id, tuple ops, object born, object step):
+    cdef object op
+    for op in ops:
+        if (<tuple>op)[0] is _CANCEL and (<tuple>op)[2] is not None:
+            ops = _checks.timer_ops(ops)
+            break
     return (
         tuple([e[1:] for e in out]) if out else _EMPTY,
         processed_event_id,
-        tuple([(op[0], op[1], op[2] if op[0] is _SCHEDULE else None) for op in ops]),
+        ops,
         tuple([(s[2], s[3], s[4].copy()) for s in born]) if born else _EMPTY,
-        None if step is None else (<dict>step).copy(),
+        step,
     )
+
+
+cdef bint _same_body(
+    tuple body, object emits, object processed_event_id, object timers, object spawns, object trace,
+) except -1:
+    if (
+        (type(emits) is list or type(emits) is tuple)
+        and (type(timers) is list or type(timers) is tuple)
+        and (type(spawns) is list or type(spawns) is tuple)
+        and processed_event_id == body[1]
+        and tuple(emits) == body[0]
+        and tuple(timers) == body[2]
+        and tuple([tuple(s) for s in spawns]) == body[3]
+        and trace == body[4]
+    ):
+        return True
+    checked = _checks.commit_body(emits, processed_event_id, timers, spawns, trace, str_ids=False)
+    return tuple(checked) == body
 
 
 _COPY_REFUSED = (
@@ -385,7 +408,7 @@ cdef class DictStore:
         object trace, object commit_id, object epoch,
     ) except -1:
         cdef tuple ops = _EMPTY
-        cdef tuple body = None
+        cdef dict plain = None
         cdef object item
         cdef list out = None
         cdef list born = None
@@ -398,7 +421,7 @@ cdef class DictStore:
         cdef tuple plan = None
         cdef bint stamp = False
         cdef bint str_keys = True
-        cdef bint late_mark, fenced
+        cdef bint late_mark
         cdef object eid, prev, version, found, target, action, fire_at, child_id, context, done
         cdef long long n
         cdef Py_ssize_t size
@@ -410,6 +433,13 @@ cdef class DictStore:
                 eid = exe.id
             except AttributeError:
                 raise _bad_exe("id", exe) from None
+            if epoch is not None and (type(epoch) is not int or epoch < 0):
+                epoch = _checks.as_epoch(epoch)
+            if commit_id is not None:
+                if type(commit_id) is not str:
+                    commit_id = _checks.as_commit_id(commit_id)
+                if self._replayed(exe, eid, commit_id, emits, processed_event_id, timers, spawns, trace):
+                    return 0
 
             if emits is _EMPTY:
                 pass
@@ -492,12 +522,9 @@ cdef class DictStore:
                 slot = slots.get(eid)
             except TypeError:
                 raise _bad_exe("hash", eid) from None
-            fenced = commit_id is not None or epoch is not None
-            if fenced:
-                fence = _fence(exe, eid, slot, commit_id, epoch, out, processed_event_id, ops, born, step)
-                if fence is None:
-                    return 0
-                commit_id, epoch, body = fence
+            if epoch is not None:
+                if slot is not None and slot.epoch is not None and epoch < slot.epoch:
+                    raise StaleWriter(eid, epoch, slot.epoch)
             try:
                 version = exe.version
             except AttributeError:
@@ -511,8 +538,11 @@ cdef class DictStore:
                     raise StoreConflict(eid, version, found)
             if ops and (not str_keys or self._mixed):
                 plan = _plan_timers(None if slot is None else slot.paths, ops, eid)
-            if step is not None and stamp:
-                step["index"] = 0 if slot is None or slot.ring is None else slot.ring.next_index
+            if step is not None:
+                if commit_id is not None:
+                    plain = step.copy()
+                if stamp:
+                    step["index"] = 0 if slot is None or slot.ring is None else slot.ring.next_index
 
             # The write phase: one insert under a caller's key, then the version setter,
             # which undoes that insert if it raises; then no caller code at all.
@@ -553,8 +583,8 @@ cdef class DictStore:
                     self._n_marks += 1
             if not str_keys:
                 self._mixed = True
-            if fenced:
-                _enter(slot, commit_id, epoch, version + 1, body)
+            if commit_id is not None or epoch is not None:
+                _enter(slot, commit_id, epoch, version + 1, out, processed_event_id, ops, born, plain)
 
             if out:
                 self._outbox.extend(out, self._seq + 1, self._seq + len(out))
@@ -772,6 +802,30 @@ cdef class DictStore:
         finally:
             self._busy = False
 
+    cdef bint _replayed(
+        self, object exe, object eid, str commit_id, object emits, object processed_event_id,
+        object timers, object spawns, object trace,
+    ) except -1:
+        cdef _Slot slot
+        cdef object done
+        try:
+            slot = self._slots.get(eid)
+        except TypeError:
+            raise _bad_exe("hash", eid) from None
+        if slot is None or slot.commits is None:
+            return False
+        done = slot.commits.get(commit_id)
+        if done is None:
+            return False
+        if not _same_body(<tuple>(<tuple>done)[1], emits, processed_event_id, timers, spawns, trace):
+            raise IdempotencyConflict(eid, commit_id)
+        if exe is not slot.exe:
+            try:
+                exe.version = (<tuple>done)[0]
+            except AttributeError:
+                raise _bad_exe("writable", exe) from None
+        return True
+
     cdef dict _mark_first(self, _Slot slot, object event_id):
         cdef dict marks = slot.marks
         cdef Py_ssize_t size
@@ -900,41 +954,14 @@ cdef class DictStore:
         return 0
 
 
-cdef tuple _fence(
-    object exe, object eid, _Slot slot, object commit_id, object epoch, object out,
+cdef int _enter(
+    _Slot slot, object commit_id, object epoch, object version, object out,
     object processed_event_id, tuple ops, object born, object step,
-):
-    cdef tuple body = _EMPTY
-    cdef object done
-    if commit_id is not None:
-        commit_id = _checks.as_commit_id(commit_id)
-    if epoch is not None:
-        epoch = _checks.as_epoch(epoch)
-    if commit_id is not None:
-        body = _body(out, processed_event_id, ops, born, step)
-    if slot is None:
-        return commit_id, epoch, body
-    if commit_id is not None and slot.commits is not None:
-        done = slot.commits.get(commit_id)
-        if done is not None:
-            if (<tuple>done)[1] != body:
-                raise IdempotencyConflict(eid, commit_id)
-            if exe is not slot.exe:
-                try:
-                    exe.version = (<tuple>done)[0]
-                except AttributeError:
-                    raise _bad_exe("writable", exe) from None
-            return None
-    if epoch is not None and slot.epoch is not None and epoch < slot.epoch:
-        raise StaleWriter(eid, epoch, slot.epoch)
-    return commit_id, epoch, body
-
-
-cdef int _enter(_Slot slot, object commit_id, object epoch, object version, tuple body) except -1:
+) except -1:
     if commit_id is not None:
         if slot.commits is None:
             slot.commits = {}
-        slot.commits[commit_id] = (version, body)
+        slot.commits[commit_id] = (version, _body(out, processed_event_id, ops, born, step))
     if epoch is not None and (slot.epoch is None or epoch > slot.epoch):
         slot.epoch = epoch
     return 0

@@ -212,14 +212,39 @@ class _Slot:
 def _body(
     out: Any, processed_event_id: Any, ops: tuple[Any, ...], born: Any, step: Any
 ) -> tuple[Any, ...]:
-    """What a replay of a commit id is compared with: the commit's input, by value."""
+    """What a replay of a commit id is compared with: the commit's checked input, by
+    value (a cancel's ``fire_at`` is None; contexts are copies, and so is ``step``, taken
+    before the store stamped its index)."""
+    for op in ops:
+        if op[0] is _CANCEL and op[2] is not None:
+            ops = _checks.timer_ops(ops)
+            break
     return (
         tuple([e[1:] for e in out]) if out else _EMPTY,
         processed_event_id,
-        tuple([(op[0], op[1], op[2] if op[0] is _SCHEDULE else None) for op in ops]),
+        ops,
         tuple([(s[2], s[3], s[4].copy()) for s in born]) if born else _EMPTY,
-        None if step is None else step.copy(),
+        step,
     )
+
+
+def _same_body(body: tuple[Any, ...], emits: Any, *rest: Any) -> bool:
+    """Whether a commit's input equals ``body``: compared as given when the containers are
+    lists or tuples (the common replay, cheap), else once checked and normalized."""
+    processed_event_id, timers, spawns, trace = rest
+    if (
+        (type(emits) is list or type(emits) is tuple)
+        and (type(timers) is list or type(timers) is tuple)
+        and (type(spawns) is list or type(spawns) is tuple)
+        and processed_event_id == body[1]
+        and tuple(emits) == body[0]
+        and tuple(timers) == body[2]
+        and tuple([tuple(s) for s in spawns]) == body[3]
+        and trace == body[4]
+    ):
+        return True
+    checked = _checks.commit_body(emits, processed_event_id, timers, spawns, trace, str_ids=False)
+    return tuple(checked) == body
 
 
 _COPY_REFUSED = (
@@ -418,6 +443,15 @@ class DictStore:
                 eid = exe.id
             except AttributeError:
                 raise _bad_exe("id", exe) from None
+            if epoch is not None and (type(epoch) is not int or epoch < 0):
+                epoch = _checks.as_epoch(epoch)
+            if commit_id is not None:
+                # The id check comes first: a retry whose first try landed is a replay,
+                # whatever the epoch and version it carries, and costs no more than this.
+                if type(commit_id) is not str:
+                    commit_id = _checks.as_commit_id(commit_id)
+                if self._replayed(exe, eid, commit_id, emits, processed_event_id, timers, spawns, trace):
+                    return
             # Check everything, building the records as we go: what is written later is
             # what was checked, whatever caller code runs in between. The loops are the
             # exact-type fast paths; anything else takes the slow path.
@@ -524,13 +558,9 @@ class DictStore:
                 slot = slots.get(eid)
             except TypeError:
                 raise _bad_exe("hash", eid) from None
-            fenced = commit_id is not None or epoch is not None
-            if fenced:
-                fence = _fence(exe, eid, slot, commit_id, epoch, out, processed_event_id,
-                               ops if one is None else (one,), born, step)  # fmt: skip
-                if fence is None:
-                    return  # a replay
-                commit_id, epoch, body = fence
+            if epoch is not None:
+                if slot is not None and slot.epoch is not None and epoch < slot.epoch:
+                    raise StaleWriter(eid, epoch, slot.epoch)
             # CAS, read as late as possible so no caller code runs between check and write.
             try:
                 version = exe.version
@@ -550,6 +580,8 @@ class DictStore:
                 one = None
             if step is not None:
                 ring = None if slot is None else slot.ring
+                if commit_id is not None:
+                    plain = step.copy()  # what a replay's trace is compared with
                 if stamp:
                     step["index"] = 0 if ring is None else ring.next_index
 
@@ -593,8 +625,10 @@ class DictStore:
                     self._n_marks += 1
             if not str_keys:
                 self._mixed = True
-            if fenced:
-                _enter(slot, commit_id, epoch, version + 1, body)
+            if commit_id is not None or epoch is not None:
+                _enter(slot, commit_id, epoch, version + 1, out, processed_event_id,
+                       ops if one is None else (one,), born,
+                       plain if commit_id is not None and step is not None else None)  # fmt: skip
 
             if out:
                 fifo = self._outbox  # _Fifo.extend, inlined: this is the hot path
@@ -882,6 +916,28 @@ class DictStore:
         finally:
             self._busy = False
 
+    def _replayed(self, exe: Any, eid: Hashable, commit_id: str, emits: Any, *rest: Any) -> bool:
+        """Whether this commit replays one already applied under ``commit_id`` (then
+        ``exe.version`` is set to what it produced, unless ``exe`` is the stored object);
+        :class:`IdempotencyConflict` if that commit had another body."""
+        try:
+            slot = self._slots.get(eid)
+        except TypeError:
+            raise _bad_exe("hash", eid) from None
+        if slot is None or slot.commits is None:
+            return False
+        done = slot.commits.get(commit_id)
+        if done is None:
+            return False
+        if not _same_body(done[1], emits, *rest):
+            raise IdempotencyConflict(eid, commit_id)
+        if exe is not slot.exe:
+            try:
+                exe.version = done[0]
+            except AttributeError:
+                raise _bad_exe("writable", exe) from None
+        return True
+
     def _mark_first(self, slot: _Slot, event_id: Hashable) -> dict[Hashable, None] | None:
         """Insert a mark whose lookups may run caller code, before the version setter;
         the table to ``popitem()`` if that raises, or None when nothing was added."""
@@ -996,41 +1052,12 @@ class DictStore:
         steps.append(step)
 
 
-def _fence(
-    exe: Any, eid: Hashable, slot: _Slot | None, commit_id: Any, epoch: Any, *body_parts: Any
-) -> tuple[str | None, int | None, tuple[Any, ...]] | None:
-    """The commit id and epoch checks of ``commit``, before its CAS: the checked id and
-    epoch with the body to record, or None for a replay of an applied commit id (``exe.version`` then set to what that
-    commit produced, unless ``exe`` is the stored object)."""
-    if commit_id is not None:
-        commit_id = _checks.as_commit_id(commit_id)
-    if epoch is not None:
-        epoch = _checks.as_epoch(epoch)
-    body = _body(*body_parts) if commit_id is not None else _EMPTY
-    if slot is None:
-        return commit_id, epoch, body
-    if commit_id is not None and slot.commits is not None:
-        done = slot.commits.get(commit_id)
-        if done is not None:
-            if done[1] != body:
-                raise IdempotencyConflict(eid, commit_id)
-            if exe is not slot.exe:
-                try:
-                    exe.version = done[0]
-                except AttributeError:
-                    raise _checks.bad_exe("writable", exe) from None
-            return None
-    if epoch is not None and slot.epoch is not None and epoch < slot.epoch:
-        raise StaleWriter(eid, epoch, slot.epoch)
-    return commit_id, epoch, body
-
-
-def _enter(slot: _Slot, commit_id: Any, epoch: Any, version: int, body: tuple[Any, ...]) -> None:
-    """Record a landed commit's id and epoch."""
+def _enter(slot: _Slot, commit_id: Any, epoch: Any, version: int, *body_parts: Any) -> None:
+    """Record a landed commit's id, with its body, and its epoch."""
     if commit_id is not None:
         if slot.commits is None:
             slot.commits = {}
-        slot.commits[commit_id] = (version, body)
+        slot.commits[commit_id] = (version, _body(*body_parts))
     if epoch is not None and (slot.epoch is None or epoch > slot.epoch):
         slot.epoch = epoch
 

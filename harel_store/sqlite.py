@@ -284,7 +284,7 @@ class SqliteStore:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the SQLite database {path!r}: {exc}") from exc
         try:
-            _prepare(conn, path, synchronous)
+            _prepare(conn, path, synchronous, timeout)
             self._seen_work = conn.execute("SELECT n FROM work").fetchone()[0]
         except BaseException as exc:
             conn.close()
@@ -862,7 +862,31 @@ def _rollback(conn: sqlite3.Connection, exe: Any = None, version: int | None = N
                 exe.version = version
 
 
-def _prepare(conn: sqlite3.Connection, path: str, synchronous: str) -> None:
+def _prepare(conn: sqlite3.Connection, path: str, synchronous: str, timeout: float) -> None:
+    """:func:`_prepare_once`, tried again while another process holds a lock it needs:
+    switching to WAL mode fails at once, without the busy timeout, while another
+    connection opens the same fresh file. Each step is safe to repeat."""
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while True:
+        try:
+            _prepare_once(conn, path, synchronous)
+            return
+        except sqlite3.OperationalError as exc:
+            if not _is_busy(exc) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2.0, 0.05)
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return code & 0xFF in (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
+def _prepare_once(conn: sqlite3.Connection, path: str, synchronous: str) -> None:
     """Check the schema, refusing a foreign or newer one before changing anything; then
     WAL mode and ``synchronous``; then create or upgrade the schema."""
     version = _schema_version(conn, path)

@@ -164,7 +164,12 @@ def test_a_writer_killed_mid_stream_loses_no_returned_commit(path: Path, synchro
             assert line, f"the writer died: {proc.communicate()[1]}"
             seen = int(line)
         proc.send_signal(signal.SIGKILL)
-        rest, err = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
+        # What the child printed before it died: read through the buffer readline used.
+        rest, err = proc.stdout.read(), proc.stderr.read() if proc.stderr else ""
+        proc.stdout.close()
+        if proc.stderr:
+            proc.stderr.close()
         assert proc.returncode == -signal.SIGKILL, err
         printed = max([seen, *map(int, rest.split())])
         with SqliteStore(path, trace_max=50) as store:
@@ -296,6 +301,7 @@ while True:
         break
     claimed += [f"o{e.seq}" for e in batch] + [f"s{e.seq}" for e in spawns]
     claimed += [f"t{path_}" for _, path_, _ in timers]
+    time.sleep(0.002)  # delivering: the other relay claims meanwhile
 say(*claimed)
 """
 

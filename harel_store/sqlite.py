@@ -1,8 +1,10 @@
 """``SqliteStore``: the durable store for one machine, on the standard library's ``sqlite3``.
 
-Any number of store objects, in any threads and processes, may share one database file
-(one store object is used by one thread at a time). ``":memory:"`` is a private database
-of one store object, gone when it closes.
+Any number of store objects, in any threads and processes, may share one database file.
+One store object holds one connection; threads may share it, and its calls then take
+turns (each holds the object's lock), so a transaction never sees another thread's
+statements. ``":memory:"`` is a private database of one store object, gone when it
+closes.
 
 Schema (version :data:`SCHEMA_VERSION`, created on first open; :data:`MIGRATIONS` is a
 list whose index is the version it upgrades from, recorded in ``harel_store_schema``):
@@ -50,6 +52,7 @@ import functools
 import hashlib
 import os
 import sqlite3
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -249,6 +252,7 @@ class SqliteStore:
         "_clock",
         "_codec",
         "_conn",
+        "_lock",
         "_path",
         "_seen_work",
         "_trace_max",
@@ -265,6 +269,7 @@ class SqliteStore:
         clock: Callable[[], float] | None = None,
     ) -> None:
         self._conn: sqlite3.Connection | None = None
+        self._lock = threading.RLock()  # re-entrant: caller code runs under it
         path, size, codec, synchronous, timeout, clock = _options(
             path, trace_max, codec, synchronous, busy_timeout, clock
         )
@@ -325,14 +330,11 @@ class SqliteStore:
     def load(self, execution_id: str) -> Any:
         """A new object decoded from the stored execution, with the stored ``version``;
         ``None`` when there is none."""
-        conn = self._conn
-        if conn is None:
+        if self._conn is None:
             raise _closed()
         if type(execution_id) is not str:
             _checks.str_id(execution_id, "execution_id")
-        row = conn.execute(
-            "SELECT version, body FROM executions WHERE id = ?", (execution_id,)
-        ).fetchone()
+        row = self._read_one("SELECT version, body FROM executions WHERE id = ?", (execution_id,))
         if row is None:
             return None
         exe = self._codec.decode_execution(row[1])
@@ -344,22 +346,25 @@ class SqliteStore:
         ``exe.id`` or the stored version equals ``exe.version``, else raises
         :class:`StoreConflict`. With ``epoch``, a greater stored epoch raises
         :class:`StaleWriter` first; a greater ``epoch`` is stored."""
-        conn = self._conn
-        if conn is None:
+        if self._conn is None:
             raise _closed()
         eid = _exe_id(exe)
         if epoch is not None:
             epoch = _as_epoch(epoch)
         version = _exe_version(exe)
         blob = self._encode_exe(exe, eid)
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            _cas(conn, eid, version, blob, epoch)
-            _set_version(exe, version + 1)
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn, exe, version)
-            raise
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise _closed()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                _cas(conn, eid, version, blob, epoch)
+                _set_version(exe, version + 1)
+                conn.execute("COMMIT")
+            except BaseException:
+                _rollback(conn, exe, version)
+                raise
 
     def commit(
         self,
@@ -382,8 +387,7 @@ class SqliteStore:
         raises :class:`IdempotencyConflict`. That check comes before the epoch check
         (:class:`StaleWriter`) and the CAS (:class:`StoreConflict`).
         """
-        conn = self._conn
-        if conn is None:
+        if self._conn is None:
             raise _closed()
         eid = _exe_id(exe)
         body = _checks.commit_body(emits, processed_event_id, timers, spawns, trace, str_ids=True)
@@ -418,65 +422,65 @@ class SqliteStore:
                 armed = True
                 break
 
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            if digest is not None:
-                done = conn.execute(_DONE, (eid, commit_id)).fetchone()
-                if done is not None:
-                    conn.execute("ROLLBACK")
-                    if done[0] != digest:
-                        raise IdempotencyConflict(eid, commit_id)  # type: ignore[arg-type]
-                    _set_version(exe, done[1])
-                    return
-            new = version + 1
-            _cas(conn, eid, version, blob, epoch)
-            if events:
-                if len(events) == 1:
-                    conn.execute(_EMIT, events[0])
-                else:
-                    conn.executemany(_EMIT, events)
-            if body.processed_event_id is not None:
-                conn.execute(_MARK, (eid, body.processed_event_id))
-            for action, path, fire_at in body.timers:
-                if action == "schedule":
-                    conn.execute(_ARM, (eid, path, fire_at))
-                else:
-                    conn.execute(_DISARM, (eid, path))
-            if born:
-                conn.executemany(_SPAWN, born)
-            if step is not None:
-                self._push_step(conn, eid, step)
-            if digest is not None:
-                conn.execute(_RECORD, (eid, commit_id, digest, new))
-            if events or born or armed:
-                conn.execute(_BUMP)
-            _set_version(exe, new)
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn, exe, version)
-            raise
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise _closed()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                if digest is not None:
+                    done = conn.execute(_DONE, (eid, commit_id)).fetchone()
+                    if done is not None:
+                        conn.execute("ROLLBACK")
+                        if done[0] != digest:
+                            raise IdempotencyConflict(eid, commit_id)  # type: ignore[arg-type]
+                        _set_version(exe, done[1])
+                        return
+                new = version + 1
+                _cas(conn, eid, version, blob, epoch)
+                if events:
+                    if len(events) == 1:
+                        conn.execute(_EMIT, events[0])
+                    else:
+                        conn.executemany(_EMIT, events)
+                if body.processed_event_id is not None:
+                    conn.execute(_MARK, (eid, body.processed_event_id))
+                for action, path, fire_at in body.timers:
+                    if action == "schedule":
+                        conn.execute(_ARM, (eid, path, fire_at))
+                    else:
+                        conn.execute(_DISARM, (eid, path))
+                if born:
+                    conn.executemany(_SPAWN, born)
+                if step is not None:
+                    self._push_step(conn, eid, step)
+                if digest is not None:
+                    conn.execute(_RECORD, (eid, commit_id, digest, new))
+                if events or born or armed:
+                    conn.execute(_BUMP)
+                _set_version(exe, new)
+                conn.execute("COMMIT")
+            except BaseException:
+                _rollback(conn, exe, version)
+                raise
 
     def is_processed(self, execution_id: str, event_id: str) -> bool:
         """Whether a commit of ``execution_id`` recorded ``event_id`` as handled."""
-        conn = self._conn
-        if conn is None:
+        if self._conn is None:
             raise _closed()
         _checks.str_id(execution_id, "execution_id")
         _checks.str_id(event_id, "event_id")
-        row = conn.execute(
+        row = self._read_one(
             "SELECT 1 FROM processed WHERE execution_id = ? AND event_id = ?",
             (execution_id, event_id),
-        ).fetchone()
+        )
         return row is not None
 
     # --- outbox and spawns -------------------------------------------------------------
 
     def pending_outbox(self) -> list[OutboxEntry]:
         """The unacked outbox entries, oldest first, leased ones included."""
-        conn = self._conn
-        if conn is None:
-            raise _closed()
-        rows = conn.execute("SELECT seq, target_id, event FROM outbox ORDER BY seq").fetchall()
+        rows = self._read("SELECT seq, target_id, event FROM outbox ORDER BY seq", ())
         return self._outbox_entries(rows)
 
     def ack_outbox(self, seq: int) -> None:
@@ -497,12 +501,9 @@ class SqliteStore:
 
     def pending_spawns(self) -> list[SpawnEntry]:
         """The unacked spawn intents, oldest first, leased ones included."""
-        conn = self._conn
-        if conn is None:
-            raise _closed()
-        rows = conn.execute(
-            "SELECT seq, parent_id, child_id, root_path, context FROM spawns ORDER BY seq"
-        ).fetchall()
+        rows = self._read(
+            "SELECT seq, parent_id, child_id, root_path, context FROM spawns ORDER BY seq", ()
+        )
         return self._spawn_entries(rows)
 
     def ack_spawn(self, seq: int) -> None:
@@ -524,15 +525,14 @@ class SqliteStore:
     def due_timers(self, now: float) -> list[tuple[str, str, float]]:
         """``(execution_id, path, fire_at)`` of every armed timer with ``fire_at <= now``,
         oldest ``fire_at`` first (ties in arming order), leased ones included."""
-        conn = self._conn
-        if conn is None:
+        if self._conn is None:
             raise _closed()
         now = _checks.as_now(now)
-        return conn.execute(
+        return self._read(
             "SELECT execution_id, path, fire_at FROM timers WHERE fire_at <= ?"
             " ORDER BY fire_at, seq",
             (now,),
-        ).fetchall()
+        )
 
     def claim_due_timers(
         self, now: float, limit: int = 100, *, lease: float = 30.0
@@ -540,8 +540,7 @@ class SqliteStore:
         """Lease up to ``limit`` due timers that no live lease holds, oldest ``fire_at``
         first, for ``lease`` seconds (see :meth:`claim_outbox`). Deleting or re-arming a
         timer ends its lease."""
-        conn = self._conn
-        if conn is None:
+        if self._conn is None:
             raise _closed()
         now = _checks.as_now(now)
         limit = _checks.as_limit(limit)
@@ -549,21 +548,27 @@ class SqliteStore:
         if not limit:
             return []
         clock = self._now()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            rows = conn.execute(_CLAIM_TIMERS, (now, clock, limit)).fetchall()
-            if rows:
-                until = clock + lease
-                conn.executemany(_LEASE_TIMER, [(until, row[0]) for row in rows])
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn)
-            raise
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise _closed()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                rows = conn.execute(_CLAIM_TIMERS, (now, clock, limit)).fetchall()
+                if rows:
+                    until = clock + lease
+                    conn.executemany(_LEASE_TIMER, [(until, row[0]) for row in rows])
+                conn.execute("COMMIT")
+            except BaseException:
+                _rollback(conn)
+                raise
         return [row[1:] for row in rows]
 
     def delete_timer(self, execution_id: str, path: str, fire_at: float) -> None:
         """Disarm the timer only if it still fires at ``fire_at``, so a sweep that read it
         before a re-arm cannot delete the re-armed timer. Ends its lease."""
+        if self._conn is None:
+            raise _closed()
         _checks.str_id(execution_id, "execution_id")
         _checks.str_id(path, "path")
         fire_at = _checks.as_time(fire_at, "fire_at")
@@ -580,13 +585,12 @@ class SqliteStore:
 
     def read_trace(self, execution_id: str) -> list[dict[str, Any]]:
         """The recent steps of ``execution_id``, oldest first, decoded anew (or ``[]``)."""
-        conn = self._conn
-        if conn is None:
+        if self._conn is None:
             raise _closed()
         _checks.str_id(execution_id, "execution_id")
-        rows = conn.execute(
+        rows = self._read(
             "SELECT idx, step FROM trace WHERE execution_id = ? ORDER BY n", (execution_id,)
-        ).fetchall()
+        )
         decode = self._codec.decode_value
         steps = []
         for index, data in rows:
@@ -602,25 +606,25 @@ class SqliteStore:
         """Drop an execution with its processed marks, armed timers, trace ring, trace
         index, commit ids and writer epoch, in one transaction. Pending outbox and spawn
         entries stay: they are owed to a relay. An unknown id is a no-op."""
-        conn = self._conn
-        if conn is None:
+        if self._conn is None:
             raise _closed()
         _checks.str_id(execution_id, "execution_id")
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            for sql in _FORGET:
-                conn.execute(sql, (execution_id,))
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn)
-            raise
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise _closed()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for sql in _FORGET:
+                    conn.execute(sql, (execution_id,))
+                conn.execute("COMMIT")
+            except BaseException:
+                _rollback(conn)
+                raise
 
     def stats(self) -> dict[str, int]:
         """Counts for monitoring, read in one snapshot (each a count of rows)."""
-        conn = self._conn
-        if conn is None:
-            raise _closed()
-        return dict(zip(_STATS_KEYS, conn.execute(_STATS).fetchone()))
+        return dict(zip(_STATS_KEYS, self._read_one(_STATS, ())))
 
     def wait_for_work(self, timeout: float) -> bool:
         """``True`` as soon as any store object on this database has committed outbox or
@@ -643,38 +647,43 @@ class SqliteStore:
     def close(self) -> None:
         """Close the database connection; a second close does nothing. Every other method
         of a closed store raises ``ValueError``."""
-        conn = self._conn
-        if conn is not None:
-            self._conn = None
-            conn.close()
+        with self._lock:
+            conn = self._conn
+            if conn is not None:
+                self._conn = None
+                conn.close()
 
     def _record_trace(self, execution_id: str, entry: Mapping[str, Any]) -> None:
-        conn = self._conn
-        if conn is None:
+        if self._conn is None:
             raise _closed()
         step = _checks.trace_step(entry, "trace entry")
         _checks.str_id(execution_id, "execution_id")
         data = self._encode(step, "the trace entry")
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            self._push_step(conn, execution_id, data)
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn)
-            raise
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise _closed()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._push_step(conn, execution_id, data)
+                conn.execute("COMMIT")
+            except BaseException:
+                _rollback(conn)
+                raise
 
     # --- helpers -----------------------------------------------------------------------
 
     def _take_work(self) -> bool:
         """Whether the work counter moved since this object last saw it (and see it)."""
-        conn = self._conn
-        if conn is None:
-            raise _closed()
-        n = conn.execute("SELECT n FROM work").fetchone()[0]
-        if n == self._seen_work:
-            return False
-        self._seen_work = n
-        return True
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise _closed()
+            n = conn.execute("SELECT n FROM work").fetchone()[0]
+            if n == self._seen_work:
+                return False
+            self._seen_work = n
+            return True
 
     def _now(self) -> float:
         now = self._clock()
@@ -682,21 +691,35 @@ class SqliteStore:
             now = _checks.as_time(now, "clock()")
         return now  # type: ignore[no-any-return]
 
+    def _read(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise _closed()
+            return conn.execute(sql, params).fetchall()
+
+    def _read_one(self, sql: str, params: tuple[Any, ...]) -> Any:
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise _closed()
+            return conn.execute(sql, params).fetchone()
+
     def _write_one(self, sql: str, params: tuple[Any, ...]) -> None:
-        conn = self._conn
-        if conn is None:
-            raise _closed()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            conn.execute(sql, params)
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn)
-            raise
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise _closed()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute(sql, params)
+                conn.execute("COMMIT")
+            except BaseException:
+                _rollback(conn)
+                raise
 
     def _claim(self, table: str, limit: Any, lease: Any) -> list[tuple[Any, ...]]:
-        conn = self._conn
-        if conn is None:
+        if self._conn is None:
             raise _closed()
         limit = _checks.as_limit(limit)
         lease = _checks.as_lease(lease)
@@ -704,16 +727,20 @@ class SqliteStore:
             return []
         select, update = _CLAIM[table]
         clock = self._now()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            rows = conn.execute(select, (clock, limit)).fetchall()
-            if rows:
-                until = clock + lease
-                conn.executemany(update, [(until, row[0]) for row in rows])
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn)
-            raise
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise _closed()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                rows = conn.execute(select, (clock, limit)).fetchall()
+                if rows:
+                    until = clock + lease
+                    conn.executemany(update, [(until, row[0]) for row in rows])
+                conn.execute("COMMIT")
+            except BaseException:
+                _rollback(conn)
+                raise
         return rows  # type: ignore[no-any-return]
 
     def _outbox_entries(self, rows: list[Any]) -> list[OutboxEntry]:

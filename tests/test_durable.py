@@ -287,6 +287,39 @@ def test_threads_with_their_own_store_objects_lose_no_update(path: Path) -> None
         assert len({e.event for e in store.pending_outbox()}) == 120
 
 
+def test_threads_sharing_one_store_object_take_turns(path: Path) -> None:
+    """One store object used by several threads at once: each call holds the object's
+    lock, so no thread's statements land inside another's transaction."""
+    with SqliteStore(path) as shared:
+        shared.save(Execution(id="counter", context={"n": 0}))
+        errors: list[BaseException] = []
+
+        def work(me: int) -> None:
+            try:
+                for i in range(30):
+                    while True:
+                        exe = shared.load("counter")
+                        exe.context["n"] += 1
+                        try:
+                            shared.commit(exe, [("t", f"{me}-{i}")], trace={"by": me})
+                            break
+                        except StoreConflict:
+                            pass
+                    shared.claim_outbox(1, lease=0.0)
+                    shared.stats()
+            except BaseException as exc:  # noqa: BLE001 - shown by the assertion below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors, errors
+        assert shared.load("counter").context == {"n": 120}
+        assert len({e.event for e in shared.pending_outbox()}) == 120
+
+
 # --- relays in two processes --------------------------------------------------------------
 
 RELAY = """

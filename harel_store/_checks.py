@@ -272,3 +272,48 @@ def commit_body(
         for i, (child_id, _, _) in enumerate(born):
             str_id(child_id, f"spawns[{i}] child_id")
     return Body(pairs, processed_event_id, ops, born, step)
+
+
+# The execution as a durable store takes it: a str id, and integers a database column
+# holds (a signed 64-bit INTEGER in SQLite, a BIGINT in PostgreSQL).
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def durable_exe_id(exe: Any) -> str:
+    """``exe.id``, which a durable store requires to be a ``str``."""
+    try:
+        eid = exe.id
+    except AttributeError:
+        raise bad_exe("id", exe) from None
+    if type(eid) is not str:
+        str_id(eid, "execution id")
+    return eid  # type: ignore[no-any-return]
+
+
+def durable_exe_version(exe: Any) -> int:
+    """``exe.version``: an int that fits a 64-bit column, with room for the next one."""
+    try:
+        version = exe.version
+    except AttributeError:
+        raise bad_exe("version", exe) from None
+    if type(version) is not int:
+        version = as_int(version, "execution version")
+    if not INT64_MIN <= version < INT64_MAX:
+        raise ValueError(f"execution version must fit in a signed 64-bit integer, got {version}")
+    return version  # type: ignore[no-any-return]
+
+
+def durable_epoch(value: Any) -> int:
+    """:func:`as_epoch`, within a 64-bit column."""
+    epoch = as_epoch(value)
+    if epoch > INT64_MAX:
+        raise ValueError(f"epoch must fit in a signed 64-bit integer, got {epoch}")
+    return epoch
+
+
+def set_version(exe: Any, version: int) -> None:
+    """Give ``exe`` the version a durable store committed (or replayed)."""
+    try:
+        exe.version = version
+    except AttributeError:
+        raise bad_exe("writable", exe) from None

@@ -134,7 +134,6 @@ MIGRATIONS: list[tuple[str, ...]] = [
 SCHEMA_VERSION = len(MIGRATIONS)
 
 SYNCHRONOUS = ("NORMAL", "FULL")
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # what an SQLite INTEGER holds
 _MEMORY = ":memory:"
 _POLL_FIRST = 0.002  # wait_for_work: the first pause between two looks at the counter,
 _POLL_MAX = 0.02  # doubled up to this one (the latency of a wake-up)
@@ -348,10 +347,10 @@ class SqliteStore:
         :class:`StaleWriter` first; a greater ``epoch`` is stored."""
         if self._conn is None:
             raise _closed()
-        eid = _exe_id(exe)
+        eid = _checks.durable_exe_id(exe)
         if epoch is not None:
-            epoch = _as_epoch(epoch)
-        version = _exe_version(exe)
+            epoch = _checks.durable_epoch(epoch)
+        version = _checks.durable_exe_version(exe)
         blob = self._encode_exe(exe, eid)
         with self._lock:
             conn = self._conn
@@ -360,7 +359,7 @@ class SqliteStore:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 _cas(conn, eid, version, blob, epoch)
-                _set_version(exe, version + 1)
+                _checks.set_version(exe, version + 1)
                 conn.execute("COMMIT")
             except BaseException:
                 _rollback(conn, exe, version)
@@ -389,13 +388,13 @@ class SqliteStore:
         """
         if self._conn is None:
             raise _closed()
-        eid = _exe_id(exe)
+        eid = _checks.durable_exe_id(exe)
         body = _checks.commit_body(emits, processed_event_id, timers, spawns, trace, str_ids=True)
         if commit_id is not None:
             commit_id = _checks.as_commit_id(commit_id)
         if epoch is not None:
-            epoch = _as_epoch(epoch)
-        version = _exe_version(exe)
+            epoch = _checks.durable_epoch(epoch)
+        version = _checks.durable_exe_version(exe)
 
         # Encode everything before the transaction: a value the codec refuses is a
         # TypeError naming it, and nothing is written.
@@ -434,7 +433,7 @@ class SqliteStore:
                         conn.execute("ROLLBACK")
                         if done[0] != digest:
                             raise IdempotencyConflict(eid, commit_id)  # type: ignore[arg-type]
-                        _set_version(exe, done[1])
+                        _checks.set_version(exe, done[1])
                         return
                 new = version + 1
                 _cas(conn, eid, version, blob, epoch)
@@ -458,7 +457,7 @@ class SqliteStore:
                     conn.execute(_RECORD, (eid, commit_id, digest, new))
                 if events or born or armed:
                     conn.execute(_BUMP)
-                _set_version(exe, new)
+                _checks.set_version(exe, new)
                 conn.execute("COMMIT")
             except BaseException:
                 _rollback(conn, exe, version)
@@ -490,7 +489,7 @@ class SqliteStore:
             raise _closed()
         if type(seq) is not int:
             seq = _checks.as_int(seq, "seq")
-        if _INT64_MIN <= seq <= _INT64_MAX:  # any other int is no seq of ours
+        if _checks.INT64_MIN <= seq <= _checks.INT64_MAX:  # any other int is no seq of ours
             self._write_one("DELETE FROM outbox WHERE seq = ?", (seq,))
 
     def claim_outbox(self, limit: int = 100, *, lease: float = 30.0) -> list[OutboxEntry]:
@@ -513,7 +512,7 @@ class SqliteStore:
             raise _closed()
         if type(seq) is not int:
             seq = _checks.as_int(seq, "seq")
-        if _INT64_MIN <= seq <= _INT64_MAX:  # any other int is no seq of ours
+        if _checks.INT64_MIN <= seq <= _checks.INT64_MAX:  # any other int is no seq of ours
             self._write_one("DELETE FROM spawns WHERE seq = ?", (seq,))
 
     def claim_spawns(self, limit: int = 100, *, lease: float = 30.0) -> list[SpawnEntry]:
@@ -822,42 +821,6 @@ class SqliteStore:
         if type(data) is str:
             data = data.encode("utf-8", "surrogatepass")
         return hashlib.sha256(data).digest()
-
-
-def _exe_id(exe: Any) -> str:
-    try:
-        eid = exe.id
-    except AttributeError:
-        raise _checks.bad_exe("id", exe) from None
-    if type(eid) is not str:
-        _checks.str_id(eid, "execution id")
-    return eid  # type: ignore[no-any-return]
-
-
-def _exe_version(exe: Any) -> int:
-    try:
-        version = exe.version
-    except AttributeError:
-        raise _checks.bad_exe("version", exe) from None
-    if type(version) is not int:
-        version = _checks.as_int(version, "execution version")
-    if not _INT64_MIN <= version < _INT64_MAX:
-        raise ValueError(f"execution version must fit in a signed 64-bit integer, got {version}")
-    return version  # type: ignore[no-any-return]
-
-
-def _as_epoch(value: Any) -> int:
-    epoch = _checks.as_epoch(value)
-    if epoch > _INT64_MAX:
-        raise ValueError(f"epoch must fit in a signed 64-bit integer, got {epoch}")
-    return epoch
-
-
-def _set_version(exe: Any, version: int) -> None:
-    try:
-        exe.version = version
-    except AttributeError:
-        raise _checks.bad_exe("writable", exe) from None
 
 
 def _cas(conn: sqlite3.Connection, eid: str, version: int, blob: Any, epoch: int | None) -> None:

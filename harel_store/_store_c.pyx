@@ -422,7 +422,8 @@ cdef class DictStore:
         cdef bint stamp = False
         cdef bint str_keys = True
         cdef bint late_mark
-        cdef object eid, prev, version, found, target, action, fire_at, child_id, context, done
+        cdef object eid, prev, version, found, target, action, fire_at, child_id, context
+        cdef tuple fence
         cdef long long n
         cdef Py_ssize_t size
         if self._busy:
@@ -433,13 +434,11 @@ cdef class DictStore:
                 eid = exe.id
             except AttributeError:
                 raise _bad_exe("id", exe) from None
-            if epoch is not None and (type(epoch) is not int or epoch < 0):
-                epoch = _checks.as_epoch(epoch)
-            if commit_id is not None:
-                if type(commit_id) is not str:
-                    commit_id = _checks.as_commit_id(commit_id)
-                if self._replayed(exe, eid, commit_id, emits, processed_event_id, timers, spawns, trace):
+            if commit_id is not None or epoch is not None:
+                fence = self._fence(exe, eid, commit_id, epoch, emits, processed_event_id, timers, spawns, trace)
+                if fence is None:
                     return 0
+                commit_id, epoch = fence
 
             if emits is _EMPTY:
                 pass
@@ -522,9 +521,6 @@ cdef class DictStore:
                 slot = slots.get(eid)
             except TypeError:
                 raise _bad_exe("hash", eid) from None
-            if epoch is not None:
-                if slot is not None and slot.epoch is not None and epoch < slot.epoch:
-                    raise StaleWriter(eid, epoch, slot.epoch)
             try:
                 version = exe.version
             except AttributeError:
@@ -802,29 +798,36 @@ cdef class DictStore:
         finally:
             self._busy = False
 
-    cdef bint _replayed(
-        self, object exe, object eid, str commit_id, object emits, object processed_event_id,
-        object timers, object spawns, object trace,
-    ) except -1:
+    cdef tuple _fence(
+        self, object exe, object eid, object commit_id, object epoch, object emits,
+        object processed_event_id, object timers, object spawns, object trace,
+    ):
         cdef _Slot slot
         cdef object done
+        if epoch is not None and (type(epoch) is not int or epoch < 0):
+            epoch = _checks.as_epoch(epoch)
+        if commit_id is not None and type(commit_id) is not str:
+            commit_id = _checks.as_commit_id(commit_id)
         try:
             slot = self._slots.get(eid)
         except TypeError:
             raise _bad_exe("hash", eid) from None
-        if slot is None or slot.commits is None:
-            return False
-        done = slot.commits.get(commit_id)
-        if done is None:
-            return False
-        if not _same_body(<tuple>(<tuple>done)[1], emits, processed_event_id, timers, spawns, trace):
-            raise IdempotencyConflict(eid, commit_id)
-        if exe is not slot.exe:
-            try:
-                exe.version = (<tuple>done)[0]
-            except AttributeError:
-                raise _bad_exe("writable", exe) from None
-        return True
+        if slot is None:
+            return commit_id, epoch
+        if commit_id is not None and slot.commits is not None:
+            done = slot.commits.get(commit_id)
+            if done is not None:
+                if not _same_body(<tuple>(<tuple>done)[1], emits, processed_event_id, timers, spawns, trace):
+                    raise IdempotencyConflict(eid, commit_id)
+                if exe is not slot.exe:
+                    try:
+                        exe.version = (<tuple>done)[0]
+                    except AttributeError:
+                        raise _bad_exe("writable", exe) from None
+                return None
+        if epoch is not None and slot.epoch is not None and epoch < slot.epoch:
+            raise StaleWriter(eid, epoch, slot.epoch)
+        return commit_id, epoch
 
     cdef dict _mark_first(self, _Slot slot, object event_id):
         cdef dict marks = slot.marks

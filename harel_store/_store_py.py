@@ -443,15 +443,12 @@ class DictStore:
                 eid = exe.id
             except AttributeError:
                 raise _bad_exe("id", exe) from None
-            if epoch is not None and (type(epoch) is not int or epoch < 0):
-                epoch = _checks.as_epoch(epoch)
-            if commit_id is not None:
-                # The id check comes first: a retry whose first try landed is a replay,
-                # whatever the epoch and version it carries, and costs no more than this.
-                if type(commit_id) is not str:
-                    commit_id = _checks.as_commit_id(commit_id)
-                if self._replayed(exe, eid, commit_id, emits, processed_event_id, timers, spawns, trace):
-                    return
+            if commit_id is not None or epoch is not None:
+                fence = self._fence(exe, eid, commit_id, epoch, emits, processed_event_id,
+                                    timers, spawns, trace)  # fmt: skip
+                if fence is None:
+                    return  # a replay: nothing to write
+                commit_id, epoch = fence
             # Check everything, building the records as we go: what is written later is
             # what was checked, whatever caller code runs in between. The loops are the
             # exact-type fast paths; anything else takes the slow path.
@@ -490,10 +487,13 @@ class DictStore:
                     # One op, the common case, is unpacked once into locals: no snapshot
                     # and no loop. Anything unusual about it takes the general path below.
                     one = timers[0]
-                    if type(one) is not TimerOp or len(one) != 3:
+                    if type(one) is not TimerOp:
                         one = None
                     else:
-                        action, path, fire_at = one
+                        try:
+                            action, path, fire_at = one
+                        except ValueError:  # not three items: the general path names it
+                            path = None
                         if type(path) is not str:
                             one = None
                         elif action is _SCHEDULE:
@@ -558,9 +558,6 @@ class DictStore:
                 slot = slots.get(eid)
             except TypeError:
                 raise _bad_exe("hash", eid) from None
-            if epoch is not None:
-                if slot is not None and slot.epoch is not None and epoch < slot.epoch:
-                    raise StaleWriter(eid, epoch, slot.epoch)
             # CAS, read as late as possible so no caller code runs between check and write.
             try:
                 version = exe.version
@@ -916,27 +913,38 @@ class DictStore:
         finally:
             self._busy = False
 
-    def _replayed(self, exe: Any, eid: Hashable, commit_id: str, emits: Any, *rest: Any) -> bool:
-        """Whether this commit replays one already applied under ``commit_id`` (then
-        ``exe.version`` is set to what it produced, unless ``exe`` is the stored object);
-        :class:`IdempotencyConflict` if that commit had another body."""
+    def _fence(
+        self, exe: Any, eid: Hashable, commit_id: Any, epoch: Any, *body: Any
+    ) -> tuple[str | None, int | None] | None:
+        """The first checks of a commit that carries a commit id or an epoch: the id
+        (a replay of a commit already applied returns None, after setting ``exe.version``
+        to what that commit produced unless ``exe`` is the stored object; the same id
+        with another body raises :class:`IdempotencyConflict`), then the epoch
+        (:class:`StaleWriter`). Returns the checked id and epoch."""
+        if epoch is not None and (type(epoch) is not int or epoch < 0):
+            epoch = _checks.as_epoch(epoch)
+        if commit_id is not None and type(commit_id) is not str:
+            commit_id = _checks.as_commit_id(commit_id)
         try:
             slot = self._slots.get(eid)
         except TypeError:
             raise _bad_exe("hash", eid) from None
-        if slot is None or slot.commits is None:
-            return False
-        done = slot.commits.get(commit_id)
-        if done is None:
-            return False
-        if not _same_body(done[1], emits, *rest):
-            raise IdempotencyConflict(eid, commit_id)
-        if exe is not slot.exe:
-            try:
-                exe.version = done[0]
-            except AttributeError:
-                raise _bad_exe("writable", exe) from None
-        return True
+        if slot is None:
+            return commit_id, epoch
+        if commit_id is not None and slot.commits is not None:
+            done = slot.commits.get(commit_id)
+            if done is not None:
+                if not _same_body(done[1], *body):
+                    raise IdempotencyConflict(eid, commit_id)
+                if exe is not slot.exe:
+                    try:
+                        exe.version = done[0]
+                    except AttributeError:
+                        raise _bad_exe("writable", exe) from None
+                return None
+        if epoch is not None and slot.epoch is not None and epoch < slot.epoch:
+            raise StaleWriter(eid, epoch, slot.epoch)
+        return commit_id, epoch
 
     def _mark_first(self, slot: _Slot, event_id: Hashable) -> dict[Hashable, None] | None:
         """Insert a mark whose lookups may run caller code, before the version setter;

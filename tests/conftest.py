@@ -279,3 +279,98 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
 def cstore(make_store: Callable[..., Any]) -> Any:
     """One store of the kind under test."""
     return make_store()
+
+
+# The PostgreSQL kinds, on the server of `pg_server` (tests/_pg.py: the one named by
+# HAREL_STORE_PG_URL, or a throwaway cluster; without either the tests are skipped, or
+# fail under HAREL_STORE_REQUIRE_POSTGRES). Each test gets a schema of its own, dropped
+# after it: every call of the factory opens another store object on that schema.
+# "postgres-async" runs the async store on one event loop per test.
+@pytest.fixture(scope="session")
+def pg_server() -> Any:
+    """The PostgreSQL server of this session (a `_pg.Server`)."""
+    import _pg
+
+    try:
+        server = _pg.acquire()
+    except Exception as exc:  # noqa: BLE001 - any reason there is no server is shown
+        reason = f"no PostgreSQL server for the tests: {exc}"
+        if _pg.required():
+            pytest.fail(f"{_pg.REQUIRE_ENV} is set: {reason}", pytrace=False)
+        pytest.skip(reason)
+    yield server
+    server.destroy()
+
+
+@pytest.fixture
+def pg_schema(pg_server: Any) -> Any:
+    """A fresh schema name on `pg_server`, dropped after the test."""
+    import _pg
+
+    name = _pg.fresh_schema()
+    yield name
+    _pg.drop_schema(pg_server.url, name)
+
+
+def _postgres_kind(asynchronous: bool) -> Callable[..., Any]:
+    def kind(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., Any]:
+        import asyncio
+
+        server = request.getfixturevalue("pg_server")
+        schema = request.getfixturevalue("pg_schema")
+        from harel_store.postgres import AsyncPostgresStore, PostgresStore
+
+        if not asynchronous:
+            return lambda **kwargs: PostgresStore(server.url, schema=schema, **kwargs)
+        loop = asyncio.new_event_loop()
+        request.addfinalizer(loop.close)  # after make_store closed the stores
+        return lambda **kwargs: AsyncAsSync(
+            AsyncPostgresStore(server.url, schema=schema, **kwargs),
+            runner=loop.run_until_complete,
+        )
+
+    return kind
+
+
+STORE_KINDS.update({"postgres": _postgres_kind(False), "postgres-async": _postgres_kind(True)})
+STORE_KIND_PARAMS[:] = [
+    pytest.param(name, id=name, marks=_KIND_MARKS.get(name, [])) for name in STORE_KINDS
+]
+
+
+# `make_store` once more, the same fixture over every kind: a fixture's params are fixed
+# when it is defined, and the one above was defined before the PostgreSQL kinds.
+@pytest.fixture(params=STORE_KIND_PARAMS)
+def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:  # noqa: F811
+    """A factory of stores of one kind; every store it made is closed after the test."""
+    factory = STORE_KINDS[request.param](request, tmp_path)
+    made: list[Any] = []
+
+    def make(**options: Any) -> Any:
+        store = factory(**options)
+        made.append(store)
+        return store
+
+    yield make
+    for store in reversed(made):
+        store.close()
+
+_PG_SKIPPED: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and "postgres" in report.nodeid.lower():
+        _PG_SKIPPED.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Under HAREL_STORE_REQUIRE_POSTGRES a skipped PostgreSQL test fails the run."""
+    import _pg
+
+    if _PG_SKIPPED and _pg.required() and exitstatus == pytest.ExitCode.OK:
+        shown = "\n  ".join(_PG_SKIPPED[:10])
+        print(
+            f"\n{_pg.REQUIRE_ENV} is set and {len(_PG_SKIPPED)} PostgreSQL test(s) were "
+            f"skipped:\n  {shown}"
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

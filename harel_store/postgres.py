@@ -1,0 +1,1668 @@
+"""``PostgresStore``: the durable store for many processes on many machines, on psycopg 3.
+
+It needs the extra ``pip install 'harel-store[postgres]'`` (psycopg 3 and psycopg-pool),
+imported only when a store is made: ``import harel_store`` never needs psycopg.
+
+Any number of store objects, in any processes and machines, may share one database (one
+store object is used by one thread, or one event loop, at a time). Each store keeps its
+tables in one PostgreSQL schema (``schema=``, default ``harel_store``): stores with
+different schemas in one database do not see each other.
+
+Schema (version :data:`SCHEMA_VERSION`; :data:`MIGRATIONS` is a list whose index is the
+version it upgrades from, recorded in ``harel_store_schema``). Every encoded value is a
+``bytea``: one tag byte (``t`` when the codec returned ``str``, stored as UTF-8; ``b``
+for ``bytes``) and the data, so decoding gets back what encoding returned.
+
+- ``executions(id, version, epoch, body)``: the codec's blob beside its broken-out
+  ``version`` and the writer ``epoch``.
+- ``outbox(seq, target_id, event, lease_until)`` and ``spawns(seq, parent_id, child_id,
+  root_path, context, lease_until)``: ``seq`` from a sequence (``outbox_seq``,
+  ``spawns_seq``), so seqs start at 1 and increase in the order they are allocated; a
+  commit that is refused allocates none, one killed in flight may leave a gap.
+- ``processed(execution_id, event_id)``: the dedupe marks.
+- ``timers(execution_id, path, fire_at, seq, lease_until)``: one row per timer; ``seq``
+  (``timers_seq``) is the arming order; re-arming gives the row a new ``seq`` and no lease.
+- ``trace(execution_id, idx, step)`` and ``trace_index(execution_id, next_index)``: the
+  ring and the per-execution monotonic index. ``idx`` is the index a step was stamped
+  with, added on read when the step carries no ``"index"`` of its own; the ring is
+  trimmed by ``idx``, deleting just the overflow.
+- ``commit_ids(execution_id, commit_id, digest, version)``: a SHA-256 of the commit's
+  body in the codec's canonical encoding, and the version the commit produced.
+
+**One round trip per commit.** A commit is one SQL statement, a data-modifying ``WITH``
+(:attr:`_Sql.commit`), run in autocommit mode, so it is one transaction and one network
+round trip, and prepared once per connection (``prepare=True``). Its first parts read
+the commit id and the stored row; ``UPDATE executions ... WHERE id = ... AND version = ...``
+is the CAS (a concurrent writer's update makes PostgreSQL re-check the ``WHERE`` against
+the new row, so of two writers at one version exactly one updates), and a first write is
+an ``INSERT ... ON CONFLICT (id) DO NOTHING`` (of two first writers exactly one inserts).
+Every other part (emits, the mark, timers, spawns, the trace step, the commit id, the
+``pg_notify``) writes only ``WHERE EXISTS`` a row from the CAS, so a refused commit
+writes nothing and takes no seq. Timer ops are reduced to the last op per path before
+they are sent (the final state is the same; one statement cannot touch a row twice).
+Only a refused commit may need a second statement, to tell a conflict from a replay that
+raced it. Loads, acks, claims, ``forget`` and ``stats`` are one statement each too.
+
+**Claims** lease rows with ``FOR UPDATE SKIP LOCKED`` and leases on the database clock
+(``now()``), so relays on machines with different clocks agree. **Wake-ups**: a commit
+that makes work calls ``pg_notify`` inside its own statement, so the notification is sent
+when the data is committed and never before; :meth:`PostgresStore.wait_for_work`
+``LISTEN``\\ s on a connection of its own, opened at its first call. Work committed
+before that is seen from the seq counters, read when the store opened and again after
+every (re)connection of the listener: a dropped connection can cost a spurious wake-up,
+never a missed one.
+
+**Connections** come from a pool (``pool_size`` at most, one kept open): psycopg-pool's
+``ConnectionPool`` for the sync store, :class:`_AsyncPool` for the async one. A
+connection is checked as it leaves the pool, without a round trip: a closed socket, or
+one the server wrote to while the connection was idle (a restart's "terminating
+connection"), gets it replaced. So after a server restart the next call reconnects;
+while the server is down a call raises :class:`~harel_store.StoreError` once ``timeout``
+has passed without a connection. Reads, acks and claims are retried once on a new
+connection when theirs fails mid-call; a commit is not (it may have been applied): it
+raises a ``StoreError`` that says so, and a retry with the same ``commit_id`` is
+recognised.
+
+**PgBouncer** in transaction mode does not keep a server connection's prepared
+statements across transactions (before PgBouncer 1.21 and its
+``max_prepared_statements``): pass ``prepare=False``, which prepares nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import hashlib
+import re
+import select
+import time
+from collections.abc import Generator, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from . import _checks
+from ._codec import JSON
+from ._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError
+from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "AsyncPostgresStore", "PostgresStore"]
+
+INSTALL = "pip install 'harel-store[postgres]'"
+SCHEMA_TABLE = "harel_store_schema"
+DEFAULT_SCHEMA = "harel_store"
+DEFAULT_POOL_SIZE = 4
+
+# MIGRATIONS[v] takes a schema from version v to v + 1; never edit a released one.
+# "{s}" is the store's schema, quoted.
+_QUEUE = "WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000)"
+MIGRATIONS: list[tuple[str, ...]] = [
+    (
+        f"CREATE TABLE {{s}}.{SCHEMA_TABLE} (version integer NOT NULL)",
+        f"INSERT INTO {{s}}.{SCHEMA_TABLE} (version) VALUES (0)",
+        (
+            "CREATE TABLE {s}.executions ("
+            " id text PRIMARY KEY, version bigint NOT NULL, epoch bigint, body bytea NOT NULL)"
+        ),
+        (
+            "CREATE TABLE {s}.outbox ("
+            " seq bigint GENERATED BY DEFAULT AS IDENTITY (SEQUENCE NAME {s}.outbox_seq)"
+            " PRIMARY KEY, target_id text, event bytea NOT NULL,"
+            " lease_until timestamptz NOT NULL DEFAULT '-infinity') " + _QUEUE
+        ),
+        (
+            "CREATE TABLE {s}.spawns ("
+            " seq bigint GENERATED BY DEFAULT AS IDENTITY (SEQUENCE NAME {s}.spawns_seq)"
+            " PRIMARY KEY, parent_id text NOT NULL, child_id text NOT NULL,"
+            " root_path bytea NOT NULL, context bytea NOT NULL,"
+            " lease_until timestamptz NOT NULL DEFAULT '-infinity') " + _QUEUE
+        ),
+        (
+            "CREATE TABLE {s}.processed ("
+            " execution_id text NOT NULL, event_id text NOT NULL,"
+            " PRIMARY KEY (execution_id, event_id))"
+        ),
+        (
+            "CREATE TABLE {s}.timers ("
+            " execution_id text NOT NULL, path text NOT NULL, fire_at float8 NOT NULL,"
+            " seq bigint NOT NULL GENERATED BY DEFAULT AS IDENTITY (SEQUENCE NAME {s}.timers_seq),"
+            " lease_until timestamptz NOT NULL DEFAULT '-infinity',"
+            " PRIMARY KEY (execution_id, path)) " + _QUEUE
+        ),
+        "CREATE INDEX timers_by_fire_at ON {s}.timers (fire_at, seq)",
+        (
+            "CREATE TABLE {s}.trace ("
+            " execution_id text NOT NULL, idx bigint NOT NULL, step bytea NOT NULL,"
+            " PRIMARY KEY (execution_id, idx))"
+        ),
+        (
+            "CREATE TABLE {s}.trace_index ("
+            " execution_id text PRIMARY KEY, next_index bigint NOT NULL)"
+        ),
+        (
+            "CREATE TABLE {s}.commit_ids ("
+            " execution_id text NOT NULL, commit_id text NOT NULL, digest bytea NOT NULL,"
+            " version bigint NOT NULL, PRIMARY KEY (execution_id, commit_id))"
+        ),
+    ),
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+_SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}\Z")
+_BIGINT_MIN, _BIGINT_MAX = -(2**63), 2**63 - 1
+_LEASE_MAX = 1e10  # seconds (three centuries): a longer lease would overflow a timestamp
+_TEXT, _BYTES = b"t"[0], b"b"[0]
+_RECONNECT_FIRST, _RECONNECT_MAX = 0.05, 1.0  # wait_for_work: pauses between reconnections
+
+
+def _closed() -> ValueError:
+    return ValueError("I/O operation on a closed store")
+
+
+def _import_psycopg() -> Any:
+    """psycopg and psycopg_pool, or an ``ImportError`` that names the extra."""
+    try:
+        import psycopg
+        import psycopg_pool  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            f"harel_store.postgres needs psycopg 3 and psycopg-pool: {INSTALL} ({exc})"
+        ) from exc
+    return psycopg
+
+
+# --- the statements ----------------------------------------------------------------------
+
+
+def _ring(s: str, when: str) -> str:
+    """The parts of a ``WITH`` that append ``%(step)s`` to the ring of ``%(id)s`` and trim
+    it to ``%(keep)s`` steps (``NULL``: keep all), ``when`` the condition to append."""
+    return f"""
+ring AS (
+    INSERT INTO {s}.trace_index AS ti (execution_id, next_index)
+    SELECT %(id)s, 1 WHERE %(step)s::bytea IS NOT NULL AND {when}
+    ON CONFLICT (execution_id) DO UPDATE SET next_index = ti.next_index + 1
+    RETURNING next_index
+), step AS (
+    INSERT INTO {s}.trace (execution_id, idx, step)
+    SELECT %(id)s, next_index - 1, %(step)s::bytea FROM ring
+), trim AS (
+    DELETE FROM {s}.trace AS tr USING ring
+    WHERE tr.execution_id = %(id)s AND tr.idx < ring.next_index - %(keep)s::bigint
+)"""
+
+
+class _Sql:
+    """The statements of one schema (``s`` is its quoted name)."""
+
+    def __init__(self, schema: str) -> None:
+        s = f'"{schema}"'
+        self.schema = s
+        self.migrations = [tuple(sql.format(s=s) for sql in step) for step in MIGRATIONS]
+        self.create_schema = f"CREATE SCHEMA {s}"
+        self.version = f"SELECT version FROM {s}.{SCHEMA_TABLE}"
+        self.set_version = f"UPDATE {s}.{SCHEMA_TABLE} SET version = %s"
+        self.marks = "SELECT " + ", ".join(
+            f"pg_sequence_last_value('{s}.{name}'::regclass)"
+            for name in ("outbox_seq", "spawns_seq", "timers_seq")
+        )
+        self.commit = f"""
+WITH done AS (
+    SELECT digest, version FROM {s}.commit_ids
+    WHERE execution_id = %(id)s AND commit_id = %(cid)s::text
+), cur AS (
+    SELECT version, epoch FROM {s}.executions WHERE id = %(id)s
+), upd AS (
+    UPDATE {s}.executions
+    SET version = %(new)s::bigint, body = %(body)s::bytea, epoch = coalesce(%(epoch)s::bigint, epoch)
+    WHERE id = %(id)s AND version = %(old)s::bigint
+      AND (epoch IS NULL OR %(epoch)s::bigint IS NULL OR epoch <= %(epoch)s::bigint)
+      AND NOT EXISTS (SELECT FROM done)
+    RETURNING 1
+), ins AS (
+    INSERT INTO {s}.executions (id, version, epoch, body)
+    SELECT %(id)s, %(new)s::bigint, %(epoch)s::bigint, %(body)s::bytea
+    WHERE NOT EXISTS (SELECT FROM done) AND NOT EXISTS (SELECT FROM cur)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING 1
+), ok AS (
+    SELECT FROM upd UNION ALL SELECT FROM ins
+), emit AS (
+    INSERT INTO {s}.outbox (target_id, event)
+    SELECT t, e FROM unnest(%(targets)s::text[], %(events)s::bytea[]) WITH ORDINALITY AS u (t, e, o)
+    WHERE EXISTS (SELECT FROM ok) ORDER BY o
+), mark AS (
+    INSERT INTO {s}.processed (execution_id, event_id)
+    SELECT %(id)s, %(pev)s::text WHERE %(pev)s::text IS NOT NULL AND EXISTS (SELECT FROM ok)
+    ON CONFLICT DO NOTHING
+), arm AS (
+    INSERT INTO {s}.timers AS tm (execution_id, path, fire_at)
+    SELECT %(id)s, p, f FROM unnest(%(arm)s::text[], %(at)s::float8[]) WITH ORDINALITY AS u (p, f, o)
+    WHERE EXISTS (SELECT FROM ok) ORDER BY o
+    ON CONFLICT (execution_id, path) DO UPDATE
+    SET fire_at = excluded.fire_at, seq = excluded.seq, lease_until = '-infinity'
+), disarm AS (
+    DELETE FROM {s}.timers
+    WHERE execution_id = %(id)s AND path = ANY (%(disarm)s::text[]) AND EXISTS (SELECT FROM ok)
+), spawn AS (
+    INSERT INTO {s}.spawns (parent_id, child_id, root_path, context)
+    SELECT %(id)s, c, r, x
+    FROM unnest(%(children)s::text[], %(roots)s::bytea[], %(contexts)s::bytea[])
+        WITH ORDINALITY AS u (c, r, x, o)
+    WHERE EXISTS (SELECT FROM ok) ORDER BY o
+), {_ring(s, "EXISTS (SELECT FROM ok)").strip()}, rec AS (
+    INSERT INTO {s}.commit_ids (execution_id, commit_id, digest, version)
+    SELECT %(id)s, %(cid)s::text, %(digest)s::bytea, %(new)s::bigint
+    WHERE %(cid)s::text IS NOT NULL AND EXISTS (SELECT FROM ok)
+), wake AS (
+    SELECT pg_notify(%(channel)s, '') WHERE %(work)s AND EXISTS (SELECT FROM ok)
+)
+SELECT EXISTS (SELECT FROM ok), (SELECT version FROM cur), (SELECT epoch FROM cur),
+    (SELECT digest FROM done), (SELECT version FROM done), (SELECT count(*) FROM wake)"""
+        self.recheck = f"""
+SELECT (SELECT version FROM {s}.executions WHERE id = %(id)s),
+    (SELECT epoch FROM {s}.executions WHERE id = %(id)s),
+    (SELECT digest FROM {s}.commit_ids WHERE execution_id = %(id)s AND commit_id = %(cid)s::text),
+    (SELECT version FROM {s}.commit_ids WHERE execution_id = %(id)s AND commit_id = %(cid)s::text)"""
+        self.record_trace = f"WITH {_ring(s, 'true').strip()} SELECT 1"
+        self.load = f"SELECT version, body FROM {s}.executions WHERE id = %s"
+        self.is_processed = (
+            f"SELECT EXISTS (SELECT FROM {s}.processed WHERE execution_id = %s AND event_id = %s)"
+        )
+        self.pending = {
+            "outbox": f"SELECT seq, target_id, event FROM {s}.outbox ORDER BY seq",
+            "spawns": (
+                f"SELECT seq, parent_id, child_id, root_path, context FROM {s}.spawns ORDER BY seq"
+            ),
+        }
+        self.ack = {table: f"DELETE FROM {s}.{table} WHERE seq = %s" for table in self.pending}
+        columns = {
+            "outbox": "target_id, event",
+            "spawns": "parent_id, child_id, root_path, context",
+        }
+        self.claim = {
+            table: f"""
+UPDATE {s}.{table} AS q SET lease_until = now() + make_interval(secs => %s)
+FROM (
+    SELECT seq FROM {s}.{table} WHERE lease_until <= now()
+    ORDER BY seq LIMIT %s FOR UPDATE SKIP LOCKED
+) AS c
+WHERE q.seq = c.seq
+RETURNING q.seq, {", ".join(f"q.{c}" for c in cols.split(", "))}"""
+            for table, cols in columns.items()
+        }
+        self.due_timers = (
+            f"SELECT execution_id, path, fire_at FROM {s}.timers WHERE fire_at <= %s"
+            " ORDER BY fire_at, seq"
+        )
+        self.claim_timers = f"""
+UPDATE {s}.timers AS t SET lease_until = now() + make_interval(secs => %s)
+FROM (
+    SELECT execution_id, path FROM {s}.timers WHERE fire_at <= %s AND lease_until <= now()
+    ORDER BY fire_at, seq LIMIT %s FOR UPDATE SKIP LOCKED
+) AS c
+WHERE t.execution_id = c.execution_id AND t.path = c.path
+RETURNING t.fire_at, t.seq, t.execution_id, t.path"""
+        self.delete_timer = (
+            f"DELETE FROM {s}.timers WHERE execution_id = %s AND path = %s AND fire_at = %s"
+        )
+        self.read_trace = f"SELECT idx, step FROM {s}.trace WHERE execution_id = %s ORDER BY idx"
+        forget = [
+            ("executions", "id"),
+            ("processed", "execution_id"),
+            ("timers", "execution_id"),
+            ("trace", "execution_id"),
+            ("trace_index", "execution_id"),
+            ("commit_ids", "execution_id"),
+        ]
+        self.forget = (
+            "WITH "
+            + ", ".join(
+                f"d{i} AS (DELETE FROM {s}.{table} WHERE {column} = %(id)s)"
+                for i, (table, column) in enumerate(forget)
+            )
+            + " SELECT 1"
+        )
+        self.stats = "SELECT " + ", ".join(
+            f"(SELECT count(*) FROM {s}.{table})"
+            for table in (
+                "executions",
+                "outbox",
+                "spawns",
+                "timers",
+                "processed",
+                "trace_index",
+                "trace",
+            )
+        )
+
+
+_INSPECT = """
+SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = %(s)s),
+    ARRAY(
+        SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = %(s)s AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S') ORDER BY 1
+    )"""
+_STATS_KEYS = ("executions", "outbox", "spawns", "timers", "processed", "traces", "trace_steps")
+_SQL_CACHE: dict[str, _Sql] = {}
+
+
+# --- the core: every operation once, as a generator of statements -------------------------
+
+
+class _Query(NamedTuple):
+    """One statement an operation needs run: ``prepare`` for the hot ones; with
+    ``unique``, a unique violation is sent back as :data:`_UNIQUE` instead of raised."""
+
+    sql: str
+    params: Any = None
+    prepare: bool | None = None
+    unique: bool = False
+
+
+_UNIQUE = object()
+_Op = Generator[_Query, Any, Any]
+
+
+class _Core:
+    """What the sync and async stores share: the checked options, the statements, and
+    each operation as a generator that checks and encodes its arguments, yields the
+    statements to run (each is sent back its rows, or its row count when it returns
+    none) and returns the operation's result. It does no I/O: the stores run it."""
+
+    __slots__ = (
+        "canonical",
+        "channel",
+        "codec",
+        "conninfo",
+        "marks",
+        "pool_size",
+        "prepare",
+        "schema",
+        "sql",
+        "timeout",
+        "trace_max",
+    )
+
+    def __init__(
+        self,
+        conninfo: Any,
+        trace_max: Any,
+        codec: Any,
+        schema: Any,
+        pool_size: Any,
+        prepare: Any,
+        timeout: Any,
+    ) -> None:
+        if not isinstance(conninfo, str):
+            raise TypeError(
+                f"conninfo must be a str (a libpq URL or key=value string), "
+                f"got {type(conninfo).__name__}"
+            )
+        self.conninfo = conninfo
+        self.trace_max = _checks.as_trace_max(trace_max)
+        if codec is None:
+            codec = JSON
+        else:
+            for name in ("encode_execution", "decode_execution", "encode_value", "decode_value"):
+                if not callable(getattr(codec, name, None)):
+                    raise TypeError(
+                        f"codec must have the methods encode_execution, decode_execution, "
+                        f"encode_value and decode_value; {type(codec).__name__} has no {name}()"
+                    )
+        self.codec = codec
+        self.canonical = getattr(codec, "canonical_value", None) or codec.encode_value
+        if not isinstance(schema, str):
+            raise TypeError(f"schema must be a str, got {type(schema).__name__}")
+        if not _SCHEMA_NAME.match(schema) or schema.lower().startswith("pg_"):
+            raise ValueError(
+                "schema must be a PostgreSQL identifier of 1 to 63 letters, digits and "
+                f"underscores, not starting with a digit or 'pg_', got {schema!r}"
+            )
+        self.schema = schema
+        size = _checks.as_int(pool_size, "pool_size")
+        if size < 1:
+            raise ValueError(f"pool_size must be at least 1, got {pool_size!r}")
+        self.pool_size = size
+        if type(prepare) is not bool:
+            raise TypeError(f"prepare must be a bool, got {type(prepare).__name__}")
+        self.prepare = prepare
+        seconds = _checks.as_time(timeout, "timeout")
+        if not 0.0 < seconds < float("inf"):
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self.timeout = seconds
+        channel = f"harel_store.{schema}"
+        if len(channel.encode()) > 63:
+            channel = "harel_store." + hashlib.sha256(schema.encode()).hexdigest()[:32]
+        self.channel = channel
+        sql = _SQL_CACHE.get(schema)
+        if sql is None:
+            sql = _SQL_CACHE[schema] = _Sql(schema)
+        self.sql = sql
+        self.marks: tuple[Any, ...] | None = None
+
+    def describe(self) -> str:
+        """The server and schema, for messages (never the password)."""
+        try:
+            from psycopg.conninfo import conninfo_to_dict
+
+            parts = conninfo_to_dict(self.conninfo)
+        except Exception:  # noqa: BLE001 - a message must not fail
+            return f"schema {self.schema!r}"
+        host = parts.get("host") or parts.get("hostaddr") or "localhost"
+        port = f":{parts['port']}" if parts.get("port") else ""
+        db = parts.get("dbname") or parts.get("user") or ""
+        return f"{host}{port}/{db} schema {self.schema!r}"
+
+    # --- opening -----------------------------------------------------------------------
+
+    def open(self) -> _Op:
+        """Check the schema, refusing a foreign or newer one before changing anything;
+        create or upgrade it under an advisory lock; read the seq marks."""
+        sql = self.sql
+        version = yield from self._schema_version()
+        if version != SCHEMA_VERSION:
+            yield _Query("BEGIN")
+            # Serializes every store opening this schema while it is created or migrated.
+            key = int.from_bytes(
+                hashlib.sha256(f"harel_store:{self.schema}".encode()).digest()[:8],
+                "big",
+                signed=True,
+            )
+            yield _Query("SELECT pg_advisory_xact_lock(%s)", (key,))
+            version = yield from self._schema_version()
+            if version is None:
+                yield _Query(sql.create_schema)
+                version = 0
+            for step in range(version, SCHEMA_VERSION):
+                for statement in sql.migrations[step]:
+                    yield _Query(statement)
+                yield _Query(sql.set_version, (step + 1,))
+            yield _Query("COMMIT")
+        self.marks = tuple((yield _Query(sql.marks))[0])
+
+    def _schema_version(self) -> Generator[_Query, Any, int | None]:
+        """The schema version of this package's tables, ``0`` for an empty schema,
+        ``None`` for none; a ``StoreError`` for a schema that is not this package's or is
+        newer than it."""
+        [(exists, names)] = yield _Query(_INSPECT, {"s": self.schema})
+        if not exists:
+            return None
+        if SCHEMA_TABLE not in names:
+            if names:
+                shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+                raise StoreError(
+                    f"{self.describe()}: the schema is not harel_store's: it holds {shown} "
+                    f"and no {SCHEMA_TABLE} table; nothing was changed"
+                )
+            return 0
+        rows = yield _Query(self.sql.version)
+        if len(rows) != 1 or rows[0][0] is None or rows[0][0] < 0:
+            raise StoreError(
+                f"{self.describe()}: the {SCHEMA_TABLE} table is damaged ({rows[:3]!r})"
+            )
+        version: int = rows[0][0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.describe()} has harel_store schema version {version}, newer than "
+                f"this harel_store's ({SCHEMA_VERSION}): upgrade harel_store to open it; "
+                "nothing was changed"
+            )
+        return version
+
+    def marks_moved(self, marks: Any) -> bool:
+        """Whether any seq was allocated since the marks last read (and remember these)."""
+        marks = tuple(marks)
+        moved = marks != self.marks
+        self.marks = marks
+        return moved
+
+    # --- executions --------------------------------------------------------------------
+
+    def load(self, execution_id: Any) -> _Op:
+        if type(execution_id) is not str:
+            _checks.str_id(execution_id, "execution_id")
+        rows = yield _Query(self.sql.load, (execution_id,), True)
+        if not rows:
+            return None
+        version, body = rows[0]
+        exe = self.codec.decode_execution(_unpack(body))
+        exe.version = version
+        return exe
+
+    def save(self, exe: Any, epoch: Any) -> _Op:
+        return (yield from self.commit(exe, (), None, (), (), None, None, epoch))
+
+    def commit(
+        self,
+        exe: Any,
+        emits: Any,
+        processed_event_id: Any,
+        timers: Any,
+        spawns: Any,
+        trace: Any,
+        commit_id: Any,
+        epoch: Any,
+    ) -> _Op:
+        eid = _exe_id(exe)
+        body = _checks.commit_body(emits, processed_event_id, timers, spawns, trace, str_ids=True)
+        if commit_id is not None:
+            commit_id = _checks.as_commit_id(commit_id)
+        if epoch is not None:
+            epoch = _checks.as_epoch(epoch)
+            if epoch > _BIGINT_MAX:
+                raise ValueError(f"epoch must be at most {_BIGINT_MAX} in PostgreSQL, got {epoch}")
+        version = _exe_version(exe)
+        if not _BIGINT_MIN <= version < _BIGINT_MAX:
+            raise ValueError(
+                f"the version of execution {eid!r} is out of PostgreSQL's bigint range: {version}"
+            )
+
+        # Encode everything before the statement: a value the codec refuses is a
+        # TypeError naming it, and nothing is written.
+        blob = _pack(self._encode_exe(exe, eid))
+        encode = self._encode
+        targets = []
+        events = []
+        for i, (target, event) in enumerate(body.emits):
+            targets.append(target)
+            events.append(_pack(encode(event, "the event of emits", i)))
+        children = []
+        roots = []
+        contexts = []
+        for i, (child_id, root_path, context) in enumerate(body.spawns):
+            children.append(child_id)
+            roots.append(_pack(encode(root_path, "the root_path of spawns", i)))
+            contexts.append(_pack(encode(context, "the context of spawns", i)))
+        step = None if body.trace is None else _pack(encode(body.trace, "the trace step"))
+        digest = None if commit_id is None else self._digest(body, commit_id)
+        # The last op on a path decides its final state; one statement writes each row once.
+        final: dict[str, float | None] = {}
+        for action, path, fire_at in body.timers:
+            final.pop(path, None)
+            final[path] = fire_at if action == "schedule" else None
+        arm = [path for path, at in final.items() if at is not None]
+        keep = self.trace_max or None
+        params = {
+            "id": eid,
+            "old": version,
+            "new": version + 1,
+            "epoch": epoch,
+            "body": blob,
+            "cid": commit_id,
+            "digest": digest,
+            "targets": targets,
+            "events": events,
+            "pev": body.processed_event_id,
+            "arm": arm,
+            "at": [final[path] for path in arm],
+            "disarm": [path for path, at in final.items() if at is None],
+            "children": children,
+            "roots": roots,
+            "contexts": contexts,
+            "step": step,
+            "keep": keep,
+            "channel": self.channel,
+            "work": bool(events or children or arm),
+        }
+        rows = yield _Query(self.sql.commit, params, True, unique=True)
+        if rows is not _UNIQUE:
+            ok, found, found_epoch, done, done_version = rows[0][:5]
+            if done is not None:
+                return self._replayed(exe, eid, commit_id, digest, done, done_version)
+            if ok:
+                _set_version(exe, version + 1)
+                return None
+            if commit_id is None and found is not None:
+                if epoch is not None and found_epoch is not None and found_epoch > epoch:
+                    raise StaleWriter(eid, epoch, found_epoch)
+                if found != version:
+                    raise StoreConflict(eid, version, found)
+        # Refused by a writer the statement did not see (a concurrent first write, or an
+        # update after its snapshot), or a unique violation on the commit id: another
+        # try of this very commit may have landed. Look again.
+        rows = yield _Query(self.sql.recheck, {"id": eid, "cid": commit_id})
+        found, found_epoch, done, done_version = rows[0]
+        if done is not None:
+            return self._replayed(exe, eid, commit_id, digest, done, done_version)
+        if epoch is not None and found_epoch is not None and found_epoch > epoch:
+            raise StaleWriter(eid, epoch, found_epoch)
+        raise StoreConflict(eid, version, found)
+
+    def _replayed(
+        self, exe: Any, eid: str, commit_id: Any, digest: Any, done: bytes, done_version: int
+    ) -> None:
+        if done != digest:
+            raise IdempotencyConflict(eid, commit_id)
+        _set_version(exe, done_version)
+
+    def is_processed(self, execution_id: Any, event_id: Any) -> _Op:
+        _checks.str_id(execution_id, "execution_id")
+        _checks.str_id(event_id, "event_id")
+        rows = yield _Query(self.sql.is_processed, (execution_id, event_id), True)
+        return rows[0][0]
+
+    # --- outbox, spawns, timers --------------------------------------------------------
+
+    def pending(self, table: str) -> _Op:
+        rows = yield _Query(self.sql.pending[table])
+        return self._entries(table, rows)
+
+    def ack(self, table: str, seq: Any) -> _Op:
+        if type(seq) is not int:
+            seq = _checks.as_int(seq, "seq")
+        if _BIGINT_MIN <= seq <= _BIGINT_MAX:  # no other seq can be stored
+            yield _Query(self.sql.ack[table], (seq,), True)
+
+    def claim(self, table: str, limit: Any, lease: Any) -> _Op:
+        limit = _checks.as_limit(limit)
+        lease = min(_checks.as_lease(lease), _LEASE_MAX)
+        if not limit:
+            return []
+        rows = yield _Query(self.sql.claim[table], (lease, limit), True)
+        rows.sort()
+        return self._entries(table, rows)
+
+    def due_timers(self, now: Any) -> _Op:
+        now = _checks.as_now(now)
+        rows = yield _Query(self.sql.due_timers, (now,), True)
+        return rows
+
+    def claim_due_timers(self, now: Any, limit: Any, lease: Any) -> _Op:
+        now = _checks.as_now(now)
+        limit = _checks.as_limit(limit)
+        lease = min(_checks.as_lease(lease), _LEASE_MAX)
+        if not limit:
+            return []
+        rows = yield _Query(self.sql.claim_timers, (lease, now, limit), True)
+        rows.sort()
+        return [(eid, path, fire_at) for fire_at, _, eid, path in rows]
+
+    def delete_timer(self, execution_id: Any, path: Any, fire_at: Any) -> _Op:
+        _checks.str_id(execution_id, "execution_id")
+        _checks.str_id(path, "path")
+        fire_at = _checks.as_time(fire_at, "fire_at")
+        yield _Query(self.sql.delete_timer, (execution_id, path, fire_at), True)
+
+    # --- trace, retention, monitoring --------------------------------------------------
+
+    def record_trace(self, execution_id: Any, entry: Any) -> _Op:
+        step = _checks.trace_step(entry, "trace entry")
+        _checks.str_id(execution_id, "execution_id")
+        params = {
+            "id": execution_id,
+            "step": _pack(self._encode(step, "the trace entry")),
+            "keep": self.trace_max or None,
+        }
+        yield _Query(self.sql.record_trace, params, True)
+
+    def read_trace(self, execution_id: Any) -> _Op:
+        _checks.str_id(execution_id, "execution_id")
+        rows = yield _Query(self.sql.read_trace, (execution_id,), True)
+        decode = self.codec.decode_value
+        steps = []
+        for index, data in rows:
+            step = decode(_unpack(data))
+            if "index" not in step:
+                step["index"] = index
+            steps.append(step)
+        return steps
+
+    def forget(self, execution_id: Any) -> _Op:
+        _checks.str_id(execution_id, "execution_id")
+        yield _Query(self.sql.forget, {"id": execution_id}, True)
+
+    def stats(self) -> _Op:
+        rows = yield _Query(self.sql.stats)
+        return dict(zip(_STATS_KEYS, rows[0]))
+
+    # --- helpers -----------------------------------------------------------------------
+
+    def _entries(self, table: str, rows: list[Any]) -> list[Any]:
+        decode = self.codec.decode_value
+        if table == "outbox":
+            return [OutboxEntry(seq, target, decode(_unpack(event))) for seq, target, event in rows]
+        return [
+            SpawnEntry(seq, parent, child, decode(_unpack(root)), decode(_unpack(context)))
+            for seq, parent, child, root, context in rows
+        ]
+
+    def _encode_exe(self, exe: Any, eid: str) -> Any:
+        try:
+            data = self.codec.encode_execution(exe)
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+            raise TypeError(f"cannot encode the execution {eid!r}: {exc}") from exc
+        if type(data) is not str and type(data) is not bytes:
+            raise TypeError(
+                f"the codec encoded the execution {eid!r} as a {type(data).__name__}, "
+                "not a str or bytes"
+            )
+        return data
+
+    def _encode(self, value: Any, what: str, i: int = -1) -> Any:
+        try:
+            data = self.codec.encode_value(value)
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+            where = what if i < 0 else f"{what}[{i}]"
+            raise TypeError(f"cannot encode {where}: {exc}") from exc
+        if type(data) is not str and type(data) is not bytes:
+            where = what if i < 0 else f"{what}[{i}]"
+            raise TypeError(
+                f"the codec encoded {where} as a {type(data).__name__}, not a str or bytes"
+            )
+        return data
+
+    def _digest(self, body: _checks.Body, commit_id: str) -> bytes:
+        """What a replay of ``commit_id`` is compared with: a SHA-256 of the body in the
+        codec's canonical encoding (the same as the SQLite store's)."""
+        value = [
+            [[target, event] for target, event in body.emits],
+            body.processed_event_id,
+            [[action, path, fire_at] for action, path, fire_at in body.timers],
+            [[child, root, context] for child, root, context in body.spawns],
+            body.trace,
+        ]
+        try:
+            data = self.canonical(value)
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+            raise TypeError(f"cannot encode the body of commit {commit_id!r}: {exc}") from exc
+        if type(data) is str:
+            data = data.encode("utf-8", "surrogatepass")
+        return hashlib.sha256(data).digest()
+
+
+def _pack(data: str | bytes) -> bytes:
+    """An encoded value as stored: a tag byte, then UTF-8 (``str``) or the bytes."""
+    if type(data) is str:
+        return b"t" + data.encode("utf-8", "surrogatepass")
+    return b"b" + data  # type: ignore[operator]
+
+
+def _unpack(data: bytes) -> str | bytes:
+    if data[0] == _TEXT:
+        return data[1:].decode("utf-8", "surrogatepass")
+    return data[1:]
+
+
+def _exe_id(exe: Any) -> str:
+    try:
+        eid = exe.id
+    except AttributeError:
+        raise _checks.bad_exe("id", exe) from None
+    if type(eid) is not str:
+        _checks.str_id(eid, "execution id")
+    return eid  # type: ignore[no-any-return]
+
+
+def _exe_version(exe: Any) -> int:
+    try:
+        version = exe.version
+    except AttributeError:
+        raise _checks.bad_exe("version", exe) from None
+    if type(version) is not int:
+        version = _checks.as_int(version, "execution version")
+    return version  # type: ignore[no-any-return]
+
+
+def _set_version(exe: Any, version: int) -> None:
+    try:
+        exe.version = version
+    except AttributeError:
+        raise _checks.bad_exe("writable", exe) from None
+
+
+# --- running the core: connections ----------------------------------------------------------
+
+
+def _connect_kwargs(core: _Core) -> dict[str, Any]:
+    """How every connection of a store is made: autocommit (each statement is its own
+    transaction), and no prepared statements at all with ``prepare=False``."""
+    kwargs: dict[str, Any] = {"autocommit": True}
+    if not core.prepare:
+        kwargs["prepare_threshold"] = None
+    return kwargs
+
+
+def _adapt(conn: Any) -> None:
+    """Every int goes as a bigint: one prepared statement per query, not one per size."""
+    from psycopg.types.numeric import Int8BinaryDumper, Int8Dumper
+
+    conn.adapters.register_dumper(int, Int8Dumper)
+    conn.adapters.register_dumper(int, Int8BinaryDumper)
+
+
+def _idle_alive(conn: Any) -> None:
+    """Raise if ``conn``, idle in the pool, is closed or its server has written to it
+    (an idle connection is sent nothing but a "terminating connection" before its socket
+    closes): a check without a round trip."""
+    from psycopg import OperationalError, pq
+
+    pgconn = conn.pgconn
+    if conn.closed or pgconn.status != pq.ConnStatus.OK:
+        raise OperationalError("the connection is closed")
+    if _readable(pgconn.socket):
+        pgconn.consume_input()  # raises on end of file
+        if pgconn.status != pq.ConnStatus.OK:
+            raise OperationalError("the server closed the connection")
+
+
+def _readable(fd: int) -> bool:
+    poll = getattr(select, "poll", None)
+    if poll is None:  # Windows
+        return bool(select.select([fd], [], [], 0)[0])
+    poller = poll()
+    poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
+    return bool(poller.poll(0))
+
+
+def _run_on(conn: Any, op: _Op, query: _Query) -> Any:
+    """Run ``op`` to its end on ``conn``, starting with ``query``."""
+    import psycopg
+
+    try:
+        while True:
+            try:
+                cur = conn.execute(query.sql, query.params, prepare=query.prepare, binary=True)
+            except psycopg.errors.UniqueViolation:
+                if not query.unique:
+                    raise
+                result: Any = _UNIQUE
+            else:
+                result = cur.fetchall() if cur.description is not None else cur.rowcount
+            try:
+                query = op.send(result)
+            except StopIteration as stop:
+                return stop.value
+    except BaseException as exc:
+        _after_error(conn, exc)
+        clear = _clear(exc)
+        if clear is exc:
+            raise
+        raise clear from exc
+
+
+async def _arun_on(conn: Any, op: _Op, query: _Query) -> Any:
+    """:func:`_run_on` on an async connection."""
+    import psycopg
+
+    try:
+        while True:
+            try:
+                cur = await conn.execute(
+                    query.sql, query.params, prepare=query.prepare, binary=True
+                )
+            except psycopg.errors.UniqueViolation:
+                if not query.unique:
+                    raise
+                result: Any = _UNIQUE
+            else:
+                result = await cur.fetchall() if cur.description is not None else cur.rowcount
+            try:
+                query = op.send(result)
+            except StopIteration as stop:
+                return stop.value
+    except BaseException as exc:
+        if _in_transaction(conn):
+            with contextlib.suppress(Exception):
+                await conn.rollback()
+        clear = _clear(exc)
+        if clear is exc:
+            raise
+        raise clear from exc
+
+
+def _in_transaction(conn: Any) -> bool:
+    """Whether ``conn`` is left in a transaction (only opening runs one of several
+    statements)."""
+    from psycopg import pq
+
+    return not conn.closed and conn.info.transaction_status != pq.TransactionStatus.IDLE
+
+
+def _after_error(conn: Any, exc: BaseException) -> None:
+    if _in_transaction(conn):
+        with contextlib.suppress(Exception):
+            conn.rollback()
+
+
+def _clear(exc: BaseException) -> BaseException:
+    """A ``ValueError`` for a text PostgreSQL cannot hold (psycopg refuses it before
+    sending anything); any other error as it is."""
+    from psycopg import DataError
+
+    if isinstance(exc, DataError) and "NUL" in str(exc):
+        return ValueError(f"PostgreSQL text cannot hold NUL characters (0x00): {exc}")
+    return exc
+
+
+def _lost(core: _Core, name: str, exc: BaseException, applied_unknown: bool) -> StoreError:
+    from psycopg_pool import PoolTimeout
+
+    if isinstance(exc, PoolTimeout):
+        return StoreError(
+            f"no connection to PostgreSQL ({core.describe()}) within {core.timeout:g} s "
+            f"for {name}(): {exc}"
+        )
+    if applied_unknown:
+        return StoreError(
+            f"the connection to PostgreSQL ({core.describe()}) failed during {name}(); "
+            f"whether it was applied is unknown (load to see; a commit retried with its "
+            f"commit_id is recognised): {exc}"
+        )
+    return StoreError(f"the connection to PostgreSQL ({core.describe()}) failed: {exc}")
+
+
+def _cannot_open(core: _Core, exc: BaseException) -> StoreError:
+    return StoreError(f"cannot open the PostgreSQL store {core.describe()}: {exc}")
+
+
+# Operations that write what a retry could write twice; the others are retried once on a
+# new connection when theirs fails.
+_NO_RETRY = frozenset(["commit", "save", "record_trace"])
+
+
+class PostgresStore:
+    """The durable ``ExecutionStore`` on PostgreSQL (see the module docstring).
+
+    ``conninfo`` is a libpq URL (``postgresql://user@host:5432/db``) or key=value string,
+    passed to psycopg. ``schema`` is the PostgreSQL schema of the store's tables, created
+    on first open. ``codec`` encodes executions and values (default: JSON, see
+    :mod:`harel_store._codec`). ``pool_size`` is the most connections the store opens at
+    once (one is kept open; ``wait_for_work`` opens one more). ``prepare=False`` prepares
+    no statement (PgBouncer in transaction mode). ``timeout`` is how long a call waits
+    for a connection before it raises :class:`~harel_store.StoreError`.
+
+    Opening connects, checks the schema (creating or upgrading it under an advisory lock),
+    and raises ``StoreError`` when the server cannot be reached or the schema is foreign
+    or newer.
+    """
+
+    preserves_identity = False
+    durable = True
+
+    __slots__ = ("__weakref__", "_core", "_listener", "_pool")
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        trace_max: int | None = DEFAULT_TRACE_MAX,
+        codec: Any = None,
+        schema: str = DEFAULT_SCHEMA,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        prepare: bool = True,
+        timeout: float = 30.0,
+    ) -> None:
+        self._pool: Any = None
+        self._listener: Any = None
+        psycopg = _import_psycopg()
+        from psycopg_pool import ConnectionPool
+
+        core = self._core = _Core(conninfo, trace_max, codec, schema, pool_size, prepare, timeout)
+        kwargs = _connect_kwargs(core)
+        try:
+            conn = psycopg.Connection.connect(core.conninfo, **kwargs)
+        except psycopg.Error as exc:
+            raise _cannot_open(core, exc) from exc
+        try:
+            _adapt(conn)
+            op = core.open()
+            _run_on(conn, op, next(op))
+        except psycopg.Error as exc:
+            raise _cannot_open(core, exc) from exc
+        finally:
+            conn.close()
+        self._pool = ConnectionPool(
+            core.conninfo,
+            kwargs=kwargs,
+            min_size=1,
+            max_size=core.pool_size,
+            open=False,
+            configure=_adapt,
+            check=_idle_alive,
+            timeout=core.timeout,
+            num_workers=1,
+            name=f"harel_store.{core.schema}",
+        )
+        self._pool.open(wait=False)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._pool is None else "open"
+        return f"<{type(self).__name__} {self._core.describe()} {state}>"
+
+    def __enter__(self) -> Self:
+        if self._pool is None:
+            raise _closed()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def schema(self) -> str:
+        """The PostgreSQL schema of the store's tables."""
+        return self._core.schema
+
+    @property
+    def trace_max(self) -> int | None:
+        """Steps kept per execution; ``0``/``None`` keeps all. A change applies to an
+        execution's ring at its next append."""
+        return self._core.trace_max
+
+    @trace_max.setter
+    def trace_max(self, value: int | None) -> None:
+        self._core.trace_max = _checks.as_trace_max(value)
+
+    # --- executions --------------------------------------------------------------------
+
+    def load(self, execution_id: str) -> Any:
+        """A new object decoded from the stored execution, with the stored ``version``;
+        ``None`` when there is none."""
+        return self._run("load", execution_id)
+
+    def save(self, exe: Any, *, epoch: int | None = None) -> None:
+        """CAS-write ``exe`` and bump ``exe.version``: it succeeds when no row exists for
+        ``exe.id`` or the stored version equals ``exe.version``, else raises
+        :class:`StoreConflict`. With ``epoch``, a greater stored epoch raises
+        :class:`StaleWriter` first; a greater ``epoch`` is stored."""
+        self._run("save", exe, epoch)
+
+    def commit(
+        self,
+        exe: Any,
+        emits: Iterable[tuple[str | None, Any]],
+        processed_event_id: str | None = None,
+        timers: Iterable[TimerOp] = (),
+        spawns: Iterable[tuple[str, Any, Mapping[str, Any]]] = (),
+        trace: Mapping[str, Any] | None = None,
+        *,
+        commit_id: str | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        """The event-boundary write, in one statement and one transaction: save ``exe``
+        (CAS), enqueue ``emits``, mark ``processed_event_id``, apply ``timers``, enqueue
+        ``spawns``, record ``trace``. All or nothing, and durable once it returns.
+
+        With ``commit_id``, a commit this execution already applied with an equal body
+        writes nothing and sets ``exe.version`` to the version it produced; another body
+        raises :class:`IdempotencyConflict`. That check comes before the epoch check
+        (:class:`StaleWriter`) and the CAS (:class:`StoreConflict`).
+        """
+        self._run("commit", exe, emits, processed_event_id, timers, spawns, trace, commit_id, epoch)
+
+    def is_processed(self, execution_id: str, event_id: str) -> bool:
+        """Whether a commit of ``execution_id`` recorded ``event_id`` as handled."""
+        return self._run("is_processed", execution_id, event_id)  # type: ignore[no-any-return]
+
+    # --- outbox and spawns -------------------------------------------------------------
+
+    def pending_outbox(self) -> list[OutboxEntry]:
+        """The unacked outbox entries, oldest first, leased ones included."""
+        return self._run("pending", "outbox")  # type: ignore[no-any-return]
+
+    def ack_outbox(self, seq: int) -> None:
+        """Drop the outbox entry ``seq`` (ending its lease); an unknown or already-acked
+        seq is a no-op."""
+        self._run("ack", "outbox", seq)
+
+    def claim_outbox(self, limit: int = 100, *, lease: float = 30.0) -> list[OutboxEntry]:
+        """Lease up to ``limit`` unacked outbox entries that no live lease holds, oldest
+        first, for ``lease`` seconds of the database clock: until then no claim of any
+        store object on this schema returns them; unacked after it, they are claimable
+        again."""
+        return self._run("claim", "outbox", limit, lease)  # type: ignore[no-any-return]
+
+    def pending_spawns(self) -> list[SpawnEntry]:
+        """The unacked spawn intents, oldest first, leased ones included."""
+        return self._run("pending", "spawns")  # type: ignore[no-any-return]
+
+    def ack_spawn(self, seq: int) -> None:
+        """Drop the spawn intent ``seq`` (ending its lease); an unknown or already-acked
+        seq is a no-op."""
+        self._run("ack", "spawns", seq)
+
+    def claim_spawns(self, limit: int = 100, *, lease: float = 30.0) -> list[SpawnEntry]:
+        """:meth:`claim_outbox` for the spawn intents."""
+        return self._run("claim", "spawns", limit, lease)  # type: ignore[no-any-return]
+
+    # --- timers ------------------------------------------------------------------------
+
+    def due_timers(self, now: float) -> list[tuple[str, str, float]]:
+        """``(execution_id, path, fire_at)`` of every armed timer with ``fire_at <= now``,
+        oldest ``fire_at`` first (ties in arming order), leased ones included."""
+        return self._run("due_timers", now)  # type: ignore[no-any-return]
+
+    def claim_due_timers(
+        self, now: float, limit: int = 100, *, lease: float = 30.0
+    ) -> list[tuple[str, str, float]]:
+        """Lease up to ``limit`` due timers that no live lease holds, oldest ``fire_at``
+        first, for ``lease`` seconds (see :meth:`claim_outbox`). Deleting or re-arming a
+        timer ends its lease."""
+        return self._run("claim_due_timers", now, limit, lease)  # type: ignore[no-any-return]
+
+    def delete_timer(self, execution_id: str, path: str, fire_at: float) -> None:
+        """Disarm the timer only if it still fires at ``fire_at``, so a sweep that read it
+        before a re-arm cannot delete the re-armed timer. Ends its lease."""
+        self._run("delete_timer", execution_id, path, fire_at)
+
+    # --- trace -------------------------------------------------------------------------
+
+    def append_trace(self, execution_id: str, entry: Mapping[str, Any]) -> None:
+        """Record a trace step for ``execution_id`` outside a commit."""
+        self._run("record_trace", execution_id, entry)
+
+    def read_trace(self, execution_id: str) -> list[dict[str, Any]]:
+        """The recent steps of ``execution_id``, oldest first, decoded anew (or ``[]``)."""
+        return self._run("read_trace", execution_id)  # type: ignore[no-any-return]
+
+    # --- retention, monitoring, wake-ups -----------------------------------------------
+
+    def forget(self, execution_id: str) -> None:
+        """Drop an execution with its processed marks, armed timers, trace ring, trace
+        index, commit ids and writer epoch, in one statement. Pending outbox and spawn
+        entries stay: they are owed to a relay. An unknown id is a no-op."""
+        self._run("forget", execution_id)
+
+    def stats(self) -> dict[str, int]:
+        """Counts for monitoring, read in one snapshot (each a count of rows)."""
+        return self._run("stats")  # type: ignore[no-any-return]
+
+    def wait_for_work(self, timeout: float) -> bool:
+        """``True`` as soon as any store object on this schema has committed outbox or
+        spawn entries or armed a timer since this object was opened or since its previous
+        ``wait_for_work`` returned; ``False`` after ``timeout`` seconds without one.
+
+        It ``LISTEN``\\ s on a connection of its own, opened at the first call and
+        reopened when it drops (until ``timeout``: then :class:`StoreError`)."""
+        if self._pool is None:
+            raise _closed()
+        import psycopg
+
+        timeout = _checks.as_timeout(timeout)
+        deadline = time.monotonic() + timeout
+        pause = _RECONNECT_FIRST
+        while True:
+            try:
+                if self._listener is None and self._listen():
+                    return True
+                left = deadline - time.monotonic()
+                for _ in self._listener.notifies(
+                    timeout=None if left == float("inf") else max(left, 0.0), stop_after=1
+                ):
+                    # Later notifications of work committed before now are this wake-up's.
+                    for _ in self._listener.notifies(timeout=0.0):
+                        pass
+                    return True
+                return False
+            except psycopg.OperationalError as exc:
+                self._drop_listener()
+                left = deadline - time.monotonic()
+                if left <= 0.0:
+                    raise StoreError(
+                        f"wait_for_work: no connection to PostgreSQL ({self._core.describe()}) "
+                        f"for LISTEN: {exc}"
+                    ) from exc
+                time.sleep(min(pause, left))
+                pause = min(pause * 2.0, _RECONNECT_MAX)
+
+    def close(self) -> None:
+        """Close the connections; a second close does nothing. Every other method of a
+        closed store raises ``ValueError``."""
+        pool, self._pool = self._pool, None
+        self._drop_listener()
+        if pool is not None:
+            pool.close()
+
+    def _record_trace(self, execution_id: str, entry: Mapping[str, Any]) -> None:
+        self._run("record_trace", execution_id, entry)
+
+    # --- helpers -----------------------------------------------------------------------
+
+    def _run(self, name: str, *args: Any) -> Any:
+        """Run the core's operation ``name`` on a connection of the pool."""
+        from psycopg import OperationalError
+
+        if self._pool is None:
+            raise _closed()
+        method = getattr(self._core, name)
+        tries = 1 if name in _NO_RETRY else 2
+        for attempt in range(tries):
+            op = method(*args)
+            try:
+                query = next(op)
+            except StopIteration as stop:
+                return stop.value
+            pool = self._pool
+            if pool is None:
+                raise _closed()
+            try:
+                with pool.connection() as conn:
+                    return _run_on(conn, op, query)
+            except OperationalError as exc:
+                op.close()
+                if attempt + 1 == tries or _is_timeout(exc):
+                    raise _lost(self._core, name, exc, name in _NO_RETRY) from exc
+        raise AssertionError("unreachable")
+
+    def _listen(self) -> bool:
+        """Open the listening connection; whether any seq moved since the marks."""
+        import psycopg
+
+        core = self._core
+        conn = psycopg.Connection.connect(core.conninfo, autocommit=True)
+        try:
+            conn.execute(f'LISTEN "{core.channel}"')
+            marks = conn.execute(core.sql.marks).fetchone()
+        except BaseException:
+            conn.close()
+            raise
+        self._listener = conn
+        return core.marks_moved(marks)
+
+    def _drop_listener(self) -> None:
+        conn, self._listener = self._listener, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    from psycopg_pool import PoolTimeout
+
+    return isinstance(exc, PoolTimeout)
+
+
+class _AsyncPool:
+    """The async store's connections: psycopg async connections kept open between calls
+    (``pool_size`` at most), checked without a round trip as they are taken (see
+    :func:`_idle_alive`). It runs no task of its own, so it serves whichever event loop
+    is running: psycopg-pool's ``AsyncConnectionPool`` keeps worker tasks on the loop
+    that opened it, which end with that loop (a store used under one ``asyncio.run``
+    after another would be left without them) and hold up its shutdown while they
+    connect."""
+
+    __slots__ = ("_core", "_idle", "_open", "_waiters", "closed")
+
+    def __init__(self, core: _Core) -> None:
+        self._core = core
+        self._idle: list[Any] = []
+        self._open = 0  # connections made and not closed: idle or in use
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self.closed = False
+
+    def adopt(self, conn: Any) -> None:
+        """Keep ``conn`` (opened by the store) as an idle connection."""
+        self._open += 1
+        self._idle.append(conn)
+
+    async def get(self) -> Any:
+        """An idle connection, or a new one; raises ``StoreError`` when none comes
+        within the store's ``timeout``."""
+        from psycopg import OperationalError
+
+        core = self._core
+        deadline = time.monotonic() + core.timeout
+        while True:
+            if self.closed:
+                raise _closed()
+            while self._idle:
+                conn = self._idle.pop()
+                try:
+                    _idle_alive(conn)
+                except OperationalError:
+                    await self._close(conn)
+                    continue
+                return conn
+            if self._open < core.pool_size:
+                self._open += 1
+                try:
+                    return await self._connect(deadline)
+                except BaseException:
+                    self._open -= 1
+                    self._wake()
+                    raise
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await asyncio.wait_for(waiter, max(deadline - time.monotonic(), 0.0))
+            except asyncio.TimeoutError:
+                raise StoreError(
+                    f"no connection to PostgreSQL ({core.describe()}) within {core.timeout:g} s: "
+                    f"all {core.pool_size} of pool_size are in use"
+                ) from None
+            finally:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+
+    async def put(self, conn: Any) -> None:
+        """Take back a connection from :meth:`get`: kept when it is idle and sound."""
+        from psycopg import pq
+
+        broken = conn.closed or conn.pgconn.status != pq.ConnStatus.OK
+        if self.closed or broken or _in_transaction(conn):  # (cancelled mid-statement)
+            await self._close(conn)
+        else:
+            self._idle.append(conn)
+        self._wake()
+
+    async def close(self) -> None:
+        self.closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await self._close(conn)
+        self._wake(every=True)
+
+    async def _connect(self, deadline: float) -> Any:
+        """A new connection, trying again until ``deadline`` while the server cannot be
+        reached."""
+        import psycopg
+
+        core = self._core
+        pause = _RECONNECT_FIRST
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(core.conninfo, **_connect_kwargs(core))
+            except psycopg.OperationalError as exc:
+                left = deadline - time.monotonic()
+                if left <= pause:
+                    raise StoreError(
+                        f"no connection to PostgreSQL ({core.describe()}) within "
+                        f"{core.timeout:g} s: {exc}"
+                    ) from exc
+                await asyncio.sleep(pause)
+                pause = min(pause * 2.0, _RECONNECT_MAX)
+            else:
+                _adapt(conn)
+                return conn
+
+    async def _close(self, conn: Any) -> None:
+        self._open -= 1
+        with contextlib.suppress(Exception):
+            await conn.close()
+
+    def _wake(self, every: bool = False) -> None:
+        for waiter in list(self._waiters):
+            if not waiter.done() and not waiter.get_loop().is_closed():
+                waiter.set_result(None)
+                if not every:
+                    return
+
+
+class AsyncPostgresStore:
+    """The ``async`` twin of :class:`PostgresStore`, with the same arguments, on
+    psycopg's async connections: no call blocks the event loop.
+
+    The constructor does no I/O: the store opens (connects, checks or creates the
+    schema, reads the seq marks) at its first call, or at ``async with``; a server that
+    cannot be reached or a refused schema raises its ``StoreError`` from there, and
+    ``wait_for_work`` counts work from then. Its connections (:class:`_AsyncPool`) serve
+    any event loop, one at a time: a store may outlive an ``asyncio.run``.
+
+    ``_record_trace``, the plain-``def`` recorder of every store, blocks on a sync
+    connection of its own: call it off the event loop.
+    """
+
+    preserves_identity = False
+    durable = True
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        trace_max: int | None = DEFAULT_TRACE_MAX,
+        codec: Any = None,
+        schema: str = DEFAULT_SCHEMA,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        prepare: bool = True,
+        timeout: float = 30.0,
+    ) -> None:
+        self._closed = True
+        _import_psycopg()
+        self._core = _Core(conninfo, trace_max, codec, schema, pool_size, prepare, timeout)
+        self._pool = _AsyncPool(self._core)
+        self._opened = False
+        self._listener: Any = None
+        self._recorder: Any = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<{type(self).__name__} {self._core.describe()} {state}>"
+
+    async def __aenter__(self) -> Self:
+        if self._closed:
+            raise _closed()
+        await self._ready()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @property
+    def schema(self) -> str:
+        return self._core.schema
+
+    @property
+    def trace_max(self) -> int | None:
+        """Steps kept per execution; ``0``/``None`` keeps all. A change applies to the
+        calls made after it."""
+        return self._core.trace_max
+
+    @trace_max.setter
+    def trace_max(self, value: int | None) -> None:
+        self._core.trace_max = _checks.as_trace_max(value)
+
+    async def load(self, execution_id: str) -> Any:
+        return await self._run("load", execution_id)
+
+    async def save(self, exe: Any, *, epoch: int | None = None) -> None:
+        await self._run("save", exe, epoch)
+
+    async def commit(
+        self,
+        exe: Any,
+        emits: Iterable[tuple[str | None, Any]],
+        processed_event_id: str | None = None,
+        timers: Iterable[TimerOp] = (),
+        spawns: Iterable[tuple[str, Any, Mapping[str, Any]]] = (),
+        trace: Mapping[str, Any] | None = None,
+        *,
+        commit_id: str | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        await self._run(
+            "commit", exe, emits, processed_event_id, timers, spawns, trace, commit_id, epoch
+        )
+
+    async def is_processed(self, execution_id: str, event_id: str) -> bool:
+        return await self._run("is_processed", execution_id, event_id)  # type: ignore[no-any-return]
+
+    async def pending_outbox(self) -> list[OutboxEntry]:
+        return await self._run("pending", "outbox")  # type: ignore[no-any-return]
+
+    async def ack_outbox(self, seq: int) -> None:
+        await self._run("ack", "outbox", seq)
+
+    async def claim_outbox(self, limit: int = 100, *, lease: float = 30.0) -> list[OutboxEntry]:
+        return await self._run("claim", "outbox", limit, lease)  # type: ignore[no-any-return]
+
+    async def pending_spawns(self) -> list[SpawnEntry]:
+        return await self._run("pending", "spawns")  # type: ignore[no-any-return]
+
+    async def ack_spawn(self, seq: int) -> None:
+        await self._run("ack", "spawns", seq)
+
+    async def claim_spawns(self, limit: int = 100, *, lease: float = 30.0) -> list[SpawnEntry]:
+        return await self._run("claim", "spawns", limit, lease)  # type: ignore[no-any-return]
+
+    async def due_timers(self, now: float) -> list[tuple[str, str, float]]:
+        return await self._run("due_timers", now)  # type: ignore[no-any-return]
+
+    async def claim_due_timers(
+        self, now: float, limit: int = 100, *, lease: float = 30.0
+    ) -> list[tuple[str, str, float]]:
+        return await self._run("claim_due_timers", now, limit, lease)  # type: ignore[no-any-return]
+
+    async def delete_timer(self, execution_id: str, path: str, fire_at: float) -> None:
+        await self._run("delete_timer", execution_id, path, fire_at)
+
+    async def append_trace(self, execution_id: str, entry: Mapping[str, Any]) -> None:
+        await self._run("record_trace", execution_id, entry)
+
+    async def read_trace(self, execution_id: str) -> list[dict[str, Any]]:
+        return await self._run("read_trace", execution_id)  # type: ignore[no-any-return]
+
+    async def forget(self, execution_id: str) -> None:
+        await self._run("forget", execution_id)
+
+    async def stats(self) -> dict[str, int]:
+        return await self._run("stats")  # type: ignore[no-any-return]
+
+    async def wait_for_work(self, timeout: float) -> bool:
+        """See :meth:`PostgresStore.wait_for_work`; it waits on the event loop."""
+        if self._closed:
+            raise _closed()
+        import psycopg
+
+        timeout = _checks.as_timeout(timeout)
+        if not self._opened:
+            await self._ready()
+        deadline = time.monotonic() + timeout
+        pause = _RECONNECT_FIRST
+        while True:
+            try:
+                if self._listener is None and await self._listen():
+                    return True
+                left = deadline - time.monotonic()
+                async for _ in self._listener.notifies(
+                    timeout=None if left == float("inf") else max(left, 0.0), stop_after=1
+                ):
+                    async for _ in self._listener.notifies(timeout=0.0):
+                        pass
+                    return True
+                return False
+            except psycopg.OperationalError as exc:
+                await self._drop_listener()
+                left = deadline - time.monotonic()
+                if left <= 0.0:
+                    raise StoreError(
+                        f"wait_for_work: no connection to PostgreSQL ({self._core.describe()}) "
+                        f"for LISTEN: {exc}"
+                    ) from exc
+                await asyncio.sleep(min(pause, left))
+                pause = min(pause * 2.0, _RECONNECT_MAX)
+
+    async def close(self) -> None:
+        """Close the connections; a second close does nothing. Every other method of a
+        closed store raises ``ValueError``."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._drop_listener()
+        recorder, self._recorder = self._recorder, None
+        if recorder is not None:
+            recorder.close()
+        await self._pool.close()
+
+    def _record_trace(self, execution_id: str, entry: Mapping[str, Any]) -> None:
+        """The plain-``def`` recorder, as on every store: it blocks on a sync connection
+        of its own, so call it off the event loop."""
+        if self._closed:
+            raise _closed()
+        import psycopg
+
+        op = self._core.record_trace(execution_id, entry)
+        query = next(op)
+        if self._recorder is None:
+            try:
+                conn = psycopg.Connection.connect(
+                    self._core.conninfo, **_connect_kwargs(self._core)
+                )
+            except psycopg.OperationalError as exc:
+                raise _lost(self._core, "_record_trace", exc, False) from exc
+            _adapt(conn)
+            self._recorder = conn
+        try:
+            _run_on(self._recorder, op, query)
+        except psycopg.OperationalError as exc:
+            recorder, self._recorder = self._recorder, None
+            recorder.close()
+            raise _lost(self._core, "_record_trace", exc, True) from exc
+
+    # --- helpers -----------------------------------------------------------------------
+
+    async def _run(self, name: str, *args: Any) -> Any:
+        from psycopg import OperationalError
+
+        if self._closed:
+            raise _closed()
+        if not self._opened:
+            await self._ready()
+        method = getattr(self._core, name)
+        tries = 1 if name in _NO_RETRY else 2
+        for attempt in range(tries):
+            op = method(*args)
+            try:
+                query = next(op)
+            except StopIteration as stop:
+                return stop.value
+            conn = await self._pool.get()
+            try:
+                return await _arun_on(conn, op, query)
+            except OperationalError as exc:
+                op.close()
+                if attempt + 1 == tries:
+                    raise _lost(self._core, name, exc, name in _NO_RETRY) from exc
+            finally:
+                await self._pool.put(conn)
+        raise AssertionError("unreachable")
+
+    async def _ready(self) -> None:
+        """Open the store if it is not yet: connect, check or create the schema, read
+        the seq marks; the connection then serves the calls."""
+        if self._opened:
+            return
+        import psycopg
+
+        core = self._core
+        try:
+            conn = await psycopg.AsyncConnection.connect(core.conninfo, **_connect_kwargs(core))
+        except psycopg.Error as exc:
+            raise _cannot_open(core, exc) from exc
+        try:
+            _adapt(conn)
+            op = core.open()
+            await _arun_on(conn, op, next(op))
+        except BaseException as exc:
+            await conn.close()
+            if isinstance(exc, psycopg.Error):
+                raise _cannot_open(core, exc) from exc
+            raise
+        if self._closed:
+            await conn.close()
+            raise _closed()
+        self._pool.adopt(conn)
+        self._opened = True
+
+    async def _listen(self) -> bool:
+        import psycopg
+
+        core = self._core
+        conn = await psycopg.AsyncConnection.connect(core.conninfo, autocommit=True)
+        try:
+            await conn.execute(f'LISTEN "{core.channel}"')
+            cur = await conn.execute(core.sql.marks)
+            marks = await cur.fetchone()
+        except BaseException:
+            await conn.close()
+            raise
+        self._listener = conn
+        return core.marks_moved(marks)
+
+    async def _drop_listener(self) -> None:
+        conn, self._listener = self._listener, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()

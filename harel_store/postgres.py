@@ -151,7 +151,6 @@ MIGRATIONS: list[tuple[str, ...]] = [
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}\Z")
-_BIGINT_MIN, _BIGINT_MAX = -(2**63), 2**63 - 1
 _LEASE_MAX = 1e10  # seconds (three centuries): a longer lease would overflow a timestamp
 _TEXT, _BYTES = b"t"[0], b"b"[0]
 _RECONNECT_FIRST, _RECONNECT_MAX = 0.05, 1.0  # wait_for_work: pauses between reconnections
@@ -546,19 +545,13 @@ class _Core:
         commit_id: Any,
         epoch: Any,
     ) -> _Op:
-        eid = _exe_id(exe)
+        eid = _checks.durable_exe_id(exe)
         body = _checks.commit_body(emits, processed_event_id, timers, spawns, trace, str_ids=True)
         if commit_id is not None:
             commit_id = _checks.as_commit_id(commit_id)
         if epoch is not None:
-            epoch = _checks.as_epoch(epoch)
-            if epoch > _BIGINT_MAX:
-                raise ValueError(f"epoch must be at most {_BIGINT_MAX} in PostgreSQL, got {epoch}")
-        version = _exe_version(exe)
-        if not _BIGINT_MIN <= version < _BIGINT_MAX:
-            raise ValueError(
-                f"the version of execution {eid!r} is out of PostgreSQL's bigint range: {version}"
-            )
+            epoch = _checks.durable_epoch(epoch)
+        version = _checks.durable_exe_version(exe)
 
         # Encode everything before the statement: a value the codec refuses is a
         # TypeError naming it, and nothing is written.
@@ -613,7 +606,7 @@ class _Core:
             if done is not None:
                 return self._replayed(exe, eid, commit_id, digest, done, done_version)
             if ok:
-                _set_version(exe, version + 1)
+                _checks.set_version(exe, version + 1)
                 return None
             if commit_id is None and found is not None:
                 if epoch is not None and found_epoch is not None and found_epoch > epoch:
@@ -636,7 +629,7 @@ class _Core:
     ) -> None:
         if done != digest:
             raise IdempotencyConflict(eid, commit_id)
-        _set_version(exe, done_version)
+        _checks.set_version(exe, done_version)
 
     def is_processed(self, execution_id: Any, event_id: Any) -> _Op:
         _checks.str_id(execution_id, "execution_id")
@@ -653,7 +646,7 @@ class _Core:
     def ack(self, table: str, seq: Any) -> _Op:
         if type(seq) is not int:
             seq = _checks.as_int(seq, "seq")
-        if _BIGINT_MIN <= seq <= _BIGINT_MAX:  # no other seq can be stored
+        if _checks.INT64_MIN <= seq <= _checks.INT64_MAX:  # no other seq can be stored
             yield _Query(self.sql.ack[table], (seq,), True)
 
     def claim(self, table: str, limit: Any, lease: Any) -> _Op:
@@ -784,33 +777,6 @@ def _unpack(data: bytes) -> str | bytes:
     if data[0] == _TEXT:
         return data[1:].decode("utf-8", "surrogatepass")
     return data[1:]
-
-
-def _exe_id(exe: Any) -> str:
-    try:
-        eid = exe.id
-    except AttributeError:
-        raise _checks.bad_exe("id", exe) from None
-    if type(eid) is not str:
-        _checks.str_id(eid, "execution id")
-    return eid  # type: ignore[no-any-return]
-
-
-def _exe_version(exe: Any) -> int:
-    try:
-        version = exe.version
-    except AttributeError:
-        raise _checks.bad_exe("version", exe) from None
-    if type(version) is not int:
-        version = _checks.as_int(version, "execution version")
-    return version  # type: ignore[no-any-return]
-
-
-def _set_version(exe: Any, version: int) -> None:
-    try:
-        exe.version = version
-    except AttributeError:
-        raise _checks.bad_exe("writable", exe) from None
 
 
 # --- running the core: connections ----------------------------------------------------------

@@ -573,8 +573,10 @@ class DictStore:
             plan = None
             if (not str_keys or self._mixed) and (ops or one is not None):
                 # Paths whose lookups may run caller code change a copy, made now.
-                plan = _plan_timers(None if slot is None else slot.paths, ops or (one,), eid)
-                one = None
+                if one is not None:
+                    ops = (one,)
+                    one = None
+                plan = _plan_timers(None if slot is None else slot.paths, ops, eid)
             if step is not None:
                 ring = None if slot is None else slot.ring
                 if commit_id is not None:

@@ -1,6 +1,7 @@
 """harel_store: the execution store of a Harel-statechart workflow engine."""
 
 from ._aio import AsyncDictStore
+from ._copy import copy_store
 from ._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError
 from ._open import open_async_store, open_store
 from ._protocols import AsyncExecutionStore, ExecutionStore
@@ -25,6 +26,7 @@ __all__ = [
     "StoreError",
     "TimerOp",
     "__version__",
+    "copy_store",
     "open_async_store",
     "open_store",
 ]

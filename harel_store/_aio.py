@@ -7,7 +7,7 @@ lock is needed. The logic lives once, in the sync store.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar
 
 from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
@@ -120,3 +120,11 @@ class AsyncDictStore:
 
     def _record_trace(self, execution_id: Hashable, entry: Mapping[str, Any]) -> None:
         self._store._record_trace(execution_id, entry)
+
+    def _dump(self) -> Iterator[tuple[Any, ...]]:
+        """The sync store's records, for :func:`harel_store.copy_store` (plain ``def``:
+        nothing in a memory store waits)."""
+        return self._store._dump()  # type: ignore[no-any-return]
+
+    def _restore(self, records: Iterable[tuple[Any, ...]]) -> None:
+        self._store._restore(records)

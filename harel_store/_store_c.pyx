@@ -4,6 +4,7 @@ docstrings and type hints live in ``_store_py``, and the checks of unusual input
 very functions of ``_checks`` that the pure store calls."""
 
 from collections import deque
+from copy import deepcopy
 from heapq import heapify, heappop, heappush
 from time import monotonic
 
@@ -12,7 +13,7 @@ from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.ref cimport PyObject, Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_SET_ITEM
 
-from . import _checks
+from . import _checks, _copy
 from ._errors import IdempotencyConflict, StaleWriter, StoreConflict
 from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
 
@@ -798,6 +799,191 @@ cdef class DictStore:
         finally:
             self._busy = False
 
+    def _dump(self):
+        cdef _Slot slot
+        cdef list slots = list(self._slots.items())
+        cdef list outbox = self._outbox.pending()
+        cdef list spawns = self._spawns.pending()
+        cdef list timers
+        cdef Py_ssize_t commits = 0
+        for _, slot in slots:
+            if slot.commits is not None:
+                commits += len(slot.commits)
+        yield ("total", self._n_exes + self._n_marks + commits + self._n_rings
+               + self._n_timers + len(outbox) + len(spawns) + 1)
+        for _, slot in slots:
+            if slot.exe is not None:
+                yield ("execution", slot.exe, slot.epoch)
+        for eid, slot in slots:
+            if slot.marks is not None:
+                for event_id in slot.marks:
+                    yield ("mark", eid, event_id)
+        for eid, slot in slots:
+            if slot.commits is not None:
+                for commit_id, done in slot.commits.items():
+                    yield ("commit", eid, commit_id, (<tuple>done)[0], (<tuple>done)[1])
+        for eid, slot in slots:
+            if slot.ring is not None:
+                yield ("trace", eid, slot.ring.next_index, slot.ring.ordered())
+        timers = []
+        for _, slot in slots:
+            if slot.paths is not None:
+                timers.extend(slot.paths.values())
+        timers.sort(key=lambda entry: entry[1])  # arming order
+        for entry in timers:
+            yield ("timer", entry[2], entry[3], entry[0])
+        for record in outbox:
+            yield ("outbox", record)
+        for record in spawns:
+            yield ("spawn", record)
+        yield ("seqs", self._seq, self._spawn_seq)
+
+    def _restore(self, records):
+        cdef dict slots = {}
+        cdef _Fifo outbox = _Fifo(), spawns = _Fifo()
+        cdef list armed = [], entry
+        cdef _Slot slot
+        cdef _Ring ring
+        cdef long long seq = 0, spawn_seq = 0, last_out = 0, last_spawn = 0, n
+        cdef Py_ssize_t n_exes = 0, n_marks = 0, n_rings = 0, n_steps = 0
+        cdef bint mixed = False
+        cdef object kind, exe, eid, version, epoch, event_id, commit_id, body, next_index
+        cdef object path, fire_at, target, event, parent_id, child_id, root_path, context
+        cdef list kept
+        if self._busy:
+            raise _reentered("_restore")
+        self._busy = True
+        try:
+            if self._slots or len(self._outbox) or len(self._spawns):
+                raise _copy.not_empty(self, {
+                    "executions": self._n_exes, "processed marks": self._n_marks,
+                    "timers": self._n_timers, "trace rings": self._n_rings,
+                    "outbox entries": len(self._outbox), "spawn intents": len(self._spawns),
+                })
+            for record in records:
+                kind = record[0]
+                if kind == "execution":
+                    _, exe, epoch = record
+                    exe = deepcopy(exe)
+                    try:
+                        eid = exe.id
+                    except AttributeError:
+                        raise _bad_exe("id", exe) from None
+                    try:
+                        version = exe.version
+                    except AttributeError:
+                        raise _bad_exe("version", exe) from None
+                    _checks.as_int(version, "execution version")
+                    if epoch is not None:
+                        epoch = _checks.as_epoch(epoch)
+                    slot = _restored_slot(slots, eid)
+                    if slot.exe is not None:
+                        raise ValueError(f"two executions with the id {eid!r} to restore")
+                    slot.exe = exe
+                    slot.epoch = epoch
+                    n_exes += 1
+                elif kind == "mark":
+                    _, eid, event_id = record
+                    _checks.hashable(event_id, "event id")
+                    slot = _restored_slot(slots, eid)
+                    if slot.marks is None:
+                        slot.marks = {}
+                    if event_id in slot.marks:
+                        raise ValueError(f"two processed marks {event_id!r} of {eid!r} to restore")
+                    slot.marks[event_id] = None
+                    n_marks += 1
+                    mixed = mixed or type(event_id) is not str
+                elif kind == "commit":
+                    _, eid, commit_id, version, body = record
+                    commit_id = _checks.as_commit_id(commit_id)
+                    version = _checks.as_int(version, "commit version")
+                    if not isinstance(body, tuple) or len(body) != 5:
+                        raise TypeError(f"the body of commit id {commit_id!r} must be a 5-tuple, "
+                                        f"got {type(body).__name__}")
+                    slot = _restored_slot(slots, eid)
+                    if slot.commits is None:
+                        slot.commits = {}
+                    if commit_id in slot.commits:
+                        raise ValueError(f"two commit ids {commit_id!r} of {eid!r} to restore")
+                    slot.commits[commit_id] = (version, deepcopy(body))
+                elif kind == "trace":
+                    _, eid, next_index, steps = record
+                    next_index = _checks.as_int(next_index, "next_index")
+                    kept = [deepcopy(_checks.trace_step(s, "trace step")) for s in steps]
+                    if not 0 <= len(kept) <= next_index:
+                        raise ValueError(f"the trace of {eid!r} holds {len(kept)} steps, "
+                                         f"more than its next index {next_index}")
+                    slot = _restored_slot(slots, eid)
+                    if slot.ring is not None:
+                        raise ValueError(f"two trace rings of {eid!r} to restore")
+                    ring = _Ring(self._maxlen)
+                    slot.ring = ring
+                    for step in kept:
+                        ring.push(step)
+                    ring.next_index = next_index
+                    n_rings += 1
+                    n_steps += len(ring.steps)
+                elif kind == "timer":
+                    _, eid, path, fire_at = record
+                    _checks.hashable(path, "timer path")
+                    fire_at = _checks.as_time(fire_at, "fire_at")
+                    if fire_at - fire_at != 0.0:
+                        raise ValueError(f"fire_at must be finite, got {fire_at!r}")
+                    slot = _restored_slot(slots, eid)
+                    if slot.paths is None:
+                        slot.paths = {}
+                    if path in slot.paths:
+                        raise ValueError(f"two timers {path!r} of {eid!r} to restore")
+                    entry = [fire_at, len(armed) + 1, eid, path, False]
+                    slot.paths[path] = entry
+                    armed.append(entry)
+                    mixed = mixed or type(path) is not str
+                elif kind == "outbox":
+                    item, target, event = record[1]
+                    n = _checks.as_int(item, "seq")
+                    if n <= last_out:
+                        raise ValueError(f"outbox seq {n} out of order")
+                    last_out = n
+                    if target is not None:
+                        _checks.hashable(target, "target_id")
+                    outbox.entries.append(_new3(_OutboxEntry, n, target, deepcopy(event)))
+                elif kind == "spawn":
+                    item, parent_id, child_id, root_path, context = record[1]
+                    n = _checks.as_int(item, "seq")
+                    if n <= last_spawn:
+                        raise ValueError(f"spawn seq {n} out of order")
+                    last_spawn = n
+                    _checks.hashable(parent_id, "parent_id")
+                    _checks.hashable(child_id, "child_id")
+                    context = deepcopy(_checks.trace_step(context, "spawn context"))
+                    spawns.entries.append(
+                        _new5(_SpawnEntry, n, parent_id, child_id, deepcopy(root_path), context)
+                    )
+                elif kind == "seqs":
+                    seq = _checks.as_int(record[1], "outbox seq")
+                    spawn_seq = _checks.as_int(record[2], "spawn seq")
+                elif kind != "total":
+                    _copy.check_kind(kind)
+
+            self._slots = slots
+            self._outbox = outbox
+            self._spawns = spawns
+            self._heap = []
+            self._armed = armed
+            self._leased = []
+            self._seq = max(seq, last_out)
+            self._spawn_seq = max(spawn_seq, last_spawn)
+            self._timer_seq = len(armed)
+            self._n_exes = n_exes
+            self._n_marks = n_marks
+            self._n_timers = len(armed)
+            self._n_dead = 0
+            self._n_rings = n_rings
+            self._n_steps = n_steps
+            self._mixed = self._mixed or mixed
+        finally:
+            self._busy = False
+
     cdef tuple _fence(
         self, object exe, object eid, object commit_id, object epoch, object emits,
         object processed_event_id, object timers, object spawns, object trace,
@@ -984,6 +1170,17 @@ cdef tuple _plan_timers(dict paths, tuple ops, object eid):
             table[path] = entry
             armed.append(entry)
     return table, killed, armed
+
+
+cdef _Slot _restored_slot(dict slots, object eid):
+    cdef _Slot slot
+    if type(eid) is not str:
+        _checks.hashable(eid, "execution id")
+    slot = slots.get(eid)
+    if slot is None:
+        slot = _Slot()
+        slots[eid] = slot
+    return slot
 
 
 cdef int _collect_due(list heap, Py_ssize_t i, Py_ssize_t size, double now, list due) except -1:

@@ -32,12 +32,13 @@ copy of the execution's timer table, made before the first write.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from copy import deepcopy
 from heapq import heapify, heappop, heappush
 from time import monotonic
 from typing import Any
 
-from . import _checks
+from . import _checks, _copy
 from ._errors import IdempotencyConflict, StaleWriter, StoreConflict
 from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
 
@@ -915,6 +916,188 @@ class DictStore:
         finally:
             self._busy = False
 
+    def _dump(self) -> Iterator[tuple[Any, ...]]:
+        """Everything the store holds, as the records of :mod:`harel_store._copy`, for
+        :func:`harel_store.copy_store`. They hold the store's own objects (executions,
+        events, contexts, steps, commit bodies): nothing may write to the store until the
+        iterator is exhausted or closed."""
+        slots = list(self._slots.items())
+        commits = 0
+        for _, slot in slots:
+            if slot.commits is not None:
+                commits += len(slot.commits)
+        outbox = self._outbox.pending()
+        spawns = self._spawns.pending()
+        yield ("total", self._n_exes + self._n_marks + commits + self._n_rings
+               + self._n_timers + len(outbox) + len(spawns) + 1)  # fmt: skip
+        for _, slot in slots:
+            if slot.exe is not None:
+                yield ("execution", slot.exe, slot.epoch)
+        for eid, slot in slots:
+            if slot.marks is not None:
+                for event_id in slot.marks:
+                    yield ("mark", eid, event_id)
+        for eid, slot in slots:
+            if slot.commits is not None:
+                for commit_id, (version, body) in slot.commits.items():
+                    yield ("commit", eid, commit_id, version, body)
+        for eid, slot in slots:
+            if slot.ring is not None:
+                yield ("trace", eid, slot.ring.next_index, list(slot.ring.steps))
+        timers = [e for _, slot in slots if slot.paths is not None for e in slot.paths.values()]
+        timers.sort(key=lambda entry: entry[1])  # arming order
+        for entry in timers:
+            yield ("timer", entry[2], entry[3], entry[0])
+        for record in outbox:
+            yield ("outbox", record)
+        for record in spawns:
+            yield ("spawn", record)
+        yield ("seqs", self._seq, self._spawn_seq)
+
+    def _restore(self, records: Iterable[tuple[Any, ...]]) -> None:
+        """Write the records of :mod:`harel_store._copy` into this empty store (else
+        :class:`~harel_store.StoreError`): all or nothing, the tables are built aside and
+        installed at the end. Executions, events, contexts, steps and bodies are
+        deep-copied; the last ``trace_max`` steps of a ring are kept."""
+        if self._busy:
+            raise _reentered("_restore")
+        self._busy = True
+        try:
+            if self._slots or len(self._outbox) or len(self._spawns):
+                raise _copy.not_empty(self, {
+                    "executions": self._n_exes, "processed marks": self._n_marks,
+                    "timers": self._n_timers, "trace rings": self._n_rings,
+                    "outbox entries": len(self._outbox), "spawn intents": len(self._spawns),
+                })  # fmt: skip
+            slots: dict[Hashable, _Slot] = {}
+            outbox = _Fifo()
+            spawns = _Fifo()
+            armed: list[list[Any]] = []
+            seq = spawn_seq = last_out = last_spawn = 0
+            n_exes = n_marks = n_rings = n_steps = 0
+            mixed = False
+            for record in records:
+                kind = record[0]
+                if kind == "execution":
+                    _, exe, epoch = record
+                    exe = deepcopy(exe)
+                    try:
+                        eid = exe.id
+                    except AttributeError:
+                        raise _bad_exe("id", exe) from None
+                    try:
+                        version = exe.version
+                    except AttributeError:
+                        raise _bad_exe("version", exe) from None
+                    _checks.as_int(version, "execution version")
+                    if epoch is not None:
+                        epoch = _checks.as_epoch(epoch)
+                    slot = _restored_slot(slots, eid)
+                    if slot.exe is not None:
+                        raise ValueError(f"two executions with the id {eid!r} to restore")
+                    slot.exe = exe
+                    slot.epoch = epoch
+                    n_exes += 1
+                elif kind == "mark":
+                    _, eid, event_id = record
+                    _checks.hashable(event_id, "event id")
+                    slot = _restored_slot(slots, eid)
+                    if slot.marks is None:
+                        slot.marks = {}
+                    if event_id in slot.marks:
+                        raise ValueError(f"two processed marks {event_id!r} of {eid!r} to restore")
+                    slot.marks[event_id] = None
+                    n_marks += 1
+                    mixed = mixed or type(event_id) is not str
+                elif kind == "commit":
+                    _, eid, commit_id, version, body = record
+                    commit_id = _checks.as_commit_id(commit_id)
+                    version = _checks.as_int(version, "commit version")
+                    if not isinstance(body, tuple) or len(body) != 5:
+                        raise TypeError(f"the body of commit id {commit_id!r} must be a 5-tuple, "
+                                        f"got {type(body).__name__}")  # fmt: skip
+                    slot = _restored_slot(slots, eid)
+                    if slot.commits is None:
+                        slot.commits = {}
+                    if commit_id in slot.commits:
+                        raise ValueError(f"two commit ids {commit_id!r} of {eid!r} to restore")
+                    slot.commits[commit_id] = (version, deepcopy(body))
+                elif kind == "trace":
+                    _, eid, next_index, steps = record
+                    next_index = _checks.as_int(next_index, "next_index")
+                    kept = [deepcopy(_checks.trace_step(s, "trace step")) for s in steps]
+                    if not 0 <= len(kept) <= next_index:
+                        raise ValueError(f"the trace of {eid!r} holds {len(kept)} steps, "
+                                         f"more than its next index {next_index}")  # fmt: skip
+                    slot = _restored_slot(slots, eid)
+                    if slot.ring is not None:
+                        raise ValueError(f"two trace rings of {eid!r} to restore")
+                    slot.ring = ring = _Ring(self._maxlen)
+                    ring.steps.extend(kept)
+                    ring.next_index = next_index
+                    n_rings += 1
+                    n_steps += len(ring.steps)
+                elif kind == "timer":
+                    _, eid, path, fire_at = record
+                    _checks.hashable(path, "timer path")
+                    fire_at = _checks.as_time(fire_at, "fire_at")
+                    if fire_at - fire_at != 0.0:
+                        raise ValueError(f"fire_at must be finite, got {fire_at!r}")
+                    slot = _restored_slot(slots, eid)
+                    if slot.paths is None:
+                        slot.paths = {}
+                    if path in slot.paths:
+                        raise ValueError(f"two timers {path!r} of {eid!r} to restore")
+                    entry = [fire_at, len(armed) + 1, eid, path, False]
+                    slot.paths[path] = entry
+                    armed.append(entry)
+                    mixed = mixed or type(path) is not str
+                elif kind == "outbox":
+                    n, target, event = record[1]
+                    n = _checks.as_int(n, "seq")
+                    if n <= last_out:
+                        raise ValueError(f"outbox seq {n} out of order")
+                    last_out = n
+                    if target is not None:
+                        _checks.hashable(target, "target_id")
+                    outbox.entries.append(_new(OutboxEntry, (n, target, deepcopy(event))))
+                elif kind == "spawn":
+                    n, parent_id, child_id, root_path, context = record[1]
+                    n = _checks.as_int(n, "seq")
+                    if n <= last_spawn:
+                        raise ValueError(f"spawn seq {n} out of order")
+                    last_spawn = n
+                    _checks.hashable(parent_id, "parent_id")
+                    _checks.hashable(child_id, "child_id")
+                    context = deepcopy(_checks.trace_step(context, "spawn context"))
+                    born = (n, parent_id, child_id, deepcopy(root_path), context)
+                    spawns.entries.append(_new(SpawnEntry, born))
+                elif kind == "seqs":
+                    seq = _checks.as_int(record[1], "outbox seq")
+                    spawn_seq = _checks.as_int(record[2], "spawn seq")
+                elif kind != "total":
+                    _copy.check_kind(kind)
+
+            # Install: no caller code runs from here on.
+            self._slots = slots
+            self._outbox = outbox
+            self._spawns = spawns
+            self._heap = []
+            self._armed = armed
+            self._leased = []
+            self._seq = max(seq, last_out)
+            self._spawn_seq = max(spawn_seq, last_spawn)
+            self._timer_seq = len(armed)
+            self._n_exes = n_exes
+            self._n_marks = n_marks
+            self._n_timers = len(armed)
+            self._n_dead = 0
+            self._n_rings = n_rings
+            self._n_steps = n_steps
+            self._mixed = self._mixed or mixed
+        finally:
+            self._busy = False
+
     def _fence(
         self, exe: Any, eid: Hashable, commit_id: Any, epoch: Any, *body: Any
     ) -> tuple[str | None, int | None] | None:
@@ -1091,3 +1274,13 @@ def _plan_timers(
             table[path] = entry
             armed.append(entry)
     return table, killed, armed
+
+
+def _restored_slot(slots: dict[Hashable, _Slot], eid: Hashable) -> _Slot:
+    """The slot of ``eid`` in tables being restored, made on first use."""
+    if type(eid) is not str:
+        _checks.hashable(eid, "execution id")
+    slot = slots.get(eid)
+    if slot is None:
+        slot = slots[eid] = _Slot()
+    return slot

@@ -51,16 +51,18 @@ import contextvars
 import functools
 import hashlib
 import os
+import reprlib
 import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from . import _checks
+from . import _checks, _copy
 from ._codec import JSON, Codec, JsonCodec
+from ._copy import Digest
 from ._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError
 from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
 
@@ -188,6 +190,59 @@ _CLAIM_TIMERS = (
     " WHERE fire_at <= ? AND lease_until <= ? ORDER BY fire_at, seq LIMIT ?"
 )
 _LEASE_TIMER = "UPDATE timers SET lease_until = ? WHERE seq = ?"
+
+
+# Copying (SqliteStore._dump and _restore): the tables a copy reads and writes, and the
+# names of what they hold.
+_COPIED = (
+    ("executions", "executions"), ("processed", "processed marks"), ("commit_ids", "commit ids"),
+    ("trace_index", "trace rings"), ("timers", "timers"), ("outbox", "outbox entries"),
+    ("spawns", "spawn intents"),
+)  # fmt: skip
+_HELD = "SELECT " + ", ".join(f"(SELECT count(*) FROM {table})" for table, _ in _COPIED)
+_HELD_KEYS = tuple(what for _, what in _COPIED)
+_DUMP_TOTAL = "SELECT 1 + " + " + ".join(f"(SELECT count(*) FROM {t})" for t, _ in _COPIED)
+_LAST_SEQS = "SELECT name, seq FROM sqlite_sequence WHERE name IN ('outbox', 'spawns')"
+_SEQ_UPDATE = "UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = ?"
+_RESTORE_MARK = "INSERT INTO processed (execution_id, event_id) VALUES (?, ?)"
+_RESTORE_STEP = "INSERT INTO trace (execution_id, idx, step) VALUES (?, ?, ?)"
+_RESTORE_RING = "INSERT INTO trace_index (execution_id, next_index, steps) VALUES (?, ?, ?)"
+_RESTORE_TIMER = "INSERT INTO timers (execution_id, path, fire_at) VALUES (?, ?, ?)"
+_RESTORE_EMIT = "INSERT INTO outbox (seq, target_id, event) VALUES (?, ?, ?)"
+_RESTORE_SPAWN = (
+    "INSERT INTO spawns (seq, parent_id, child_id, root_path, context) VALUES (?, ?, ?, ?, ?)"
+)
+# The statements of a restore, each with a batch of rows (no table refers to another).
+_RESTORE = (
+    _INSERT, _RESTORE_MARK, _RECORD, _RESTORE_STEP, _RESTORE_RING, _RESTORE_TIMER,
+    _RESTORE_EMIT, _RESTORE_SPAWN,
+)  # fmt: skip
+_BATCH = 500  # rows per executemany while restoring
+
+
+def _copied_id(value: Any, what: str) -> str:
+    """An id copied into the database: a ``str``, as in every durable store."""
+    if type(value) is not str:
+        raise TypeError(
+            f"{what} must be a str in a durable store, got {type(value).__name__} "
+            f"{reprlib.repr(value)}: a store holding it cannot be copied into a durable "
+            "one; nothing was written"
+        )
+    return value
+
+
+def _int64(value: Any, what: str, low: int = 0) -> int:
+    number: int = _checks.as_int(value, what)
+    if not low <= number <= _checks.INT64_MAX:
+        raise ValueError(f"{what} must be between {low} and {_checks.INT64_MAX}, got {number}")
+    return number
+
+
+def _copied_seq(value: Any) -> int:
+    seq = _int64(value, "seq")
+    if not seq:
+        raise ValueError("a seq is at least 1, got 0")
+    return seq
 
 
 def _closed() -> ValueError:
@@ -669,6 +724,206 @@ class SqliteStore:
             except BaseException:
                 _rollback(conn)
                 raise
+
+    # --- copying (harel_store.copy_store) ----------------------------------------------
+
+    def _dump(self) -> Iterator[tuple[Any, ...]]:
+        """Everything the database holds, as the records of :mod:`harel_store._copy`,
+        read in one read transaction: a snapshot, while other store objects go on
+        writing. This object's lock is held until the iterator is exhausted or closed, so
+        other threads' calls on it wait meanwhile. Commit bodies come as
+        :class:`~harel_store._copy.Digest` objects of the codec's canonical encoding."""
+        if self._conn is None:
+            raise _closed()
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise _closed()
+            conn.execute("BEGIN")  # deferred: the snapshot is taken by the first read
+            try:
+                yield ("total", conn.execute(_DUMP_TOTAL).fetchone()[0])
+                decode_exe = self._codec.decode_execution
+                decode = self._codec.decode_value
+                for version, epoch, data in conn.execute(
+                    "SELECT version, epoch, body FROM executions"
+                ):
+                    exe = decode_exe(data)
+                    exe.version = version
+                    yield ("execution", exe, epoch)
+                for eid, event_id in conn.execute("SELECT execution_id, event_id FROM processed"):
+                    yield ("mark", eid, event_id)
+                canonical = self._canonical
+                for eid, commit_id, version, digest in conn.execute(
+                    "SELECT execution_id, commit_id, version, digest FROM commit_ids"
+                ):
+                    yield ("commit", eid, commit_id, version, Digest(bytes(digest), canonical))
+                # The rings: trace_index and trace, both in execution id order, merged.
+                steps = conn.execute(
+                    "SELECT execution_id, idx, step FROM trace ORDER BY execution_id, n"
+                )
+                row = steps.fetchone()
+                for eid, next_index in conn.execute(
+                    "SELECT execution_id, next_index FROM trace_index ORDER BY execution_id"
+                ):
+                    ring = []
+                    while row is not None and row[0] < eid:  # a step of no ring: none is
+                        row = steps.fetchone()
+                    while row is not None and row[0] == eid:
+                        step = decode(row[2])
+                        if "index" not in step:
+                            step["index"] = row[1]
+                        ring.append(step)
+                        row = steps.fetchone()
+                    yield ("trace", eid, next_index, ring)
+                steps.close()
+                for timer in conn.execute(
+                    "SELECT execution_id, path, fire_at FROM timers ORDER BY seq"
+                ):
+                    yield ("timer", *timer)
+                for seq, target, event in conn.execute(
+                    "SELECT seq, target_id, event FROM outbox ORDER BY seq"
+                ):
+                    yield ("outbox", OutboxEntry(seq, target, decode(event)))
+                for seq, parent, child, root_path, context in conn.execute(
+                    "SELECT seq, parent_id, child_id, root_path, context FROM spawns ORDER BY seq"
+                ):
+                    entry = SpawnEntry(seq, parent, child, decode(root_path), decode(context))
+                    yield ("spawn", entry)
+                last = dict(conn.execute(_LAST_SEQS).fetchall())
+                yield ("seqs", last.get("outbox", 0), last.get("spawns", 0))
+            finally:
+                if self._conn is conn and conn.in_transaction:
+                    conn.execute("ROLLBACK")
+
+    def _restore(self, records: Iterable[tuple[Any, ...]]) -> None:
+        """Write the records of :mod:`harel_store._copy` into this empty database (else
+        :class:`~harel_store.StoreError`) in one transaction, which checks emptiness
+        first: all or nothing. Ids must be ``str`` (else ``TypeError``); commit bodies are
+        digested with this store's codec (a :class:`~harel_store._copy.Digest` of the same
+        encoding is taken as it is); each ring keeps its last ``trace_max`` steps. Seq
+        counters continue after the copied ones; waiting relays are woken."""
+        if self._conn is None:
+            raise _closed()
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise _closed()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                held = conn.execute(_HELD).fetchone()
+                if any(held):
+                    raise _copy.not_empty(self, dict(zip(_HELD_KEYS, held)))
+                try:
+                    self._write_records(conn, records)
+                except sqlite3.IntegrityError as exc:
+                    raise ValueError(
+                        f"the records to copy hold the same thing twice ({exc}); "
+                        "nothing was written"
+                    ) from None
+                conn.execute("COMMIT")
+            except BaseException:
+                if self._conn is conn:
+                    _rollback(conn)
+                raise
+
+    def _write_records(self, conn: sqlite3.Connection, records: Iterable[Any]) -> None:
+        """:meth:`_restore`'s writes, inside its transaction, in batches per table."""
+        batches: dict[str, list[tuple[Any, ...]]] = {sql: [] for sql in _RESTORE}
+
+        def add(sql: str, row: tuple[Any, ...]) -> None:
+            batch = batches[sql]
+            batch.append(row)
+            if len(batch) >= _BATCH:
+                conn.executemany(sql, batch)
+                batch.clear()
+
+        encode = self._encode
+        keep = self._trace_max
+        seqs = [0, 0]
+        for record in records:
+            kind = record[0]
+            if kind == "execution":
+                _, exe, epoch = record
+                try:
+                    eid = exe.id
+                except AttributeError:
+                    raise _checks.bad_exe("id", exe) from None
+                eid = _copied_id(eid, "execution id")
+                version = _checks.durable_exe_version(exe)
+                if epoch is not None:
+                    epoch = _checks.durable_epoch(epoch)
+                add(_INSERT, (eid, version, epoch, self._encode_exe(exe, eid)))
+            elif kind == "mark":
+                _, eid, event_id = record
+                add(_RESTORE_MARK, (_copied_id(eid, "execution id"),
+                                    _copied_id(event_id, "processed event id")))  # fmt: skip
+            elif kind == "commit":
+                _, eid, commit_id, version, body = record
+                eid = _copied_id(eid, "execution id")
+                commit_id = _checks.as_commit_id(commit_id)
+                version = _int64(version, "commit version", _checks.INT64_MIN)
+                digest = _copy.commit_digest(body, self._canonical, self._digest, eid, commit_id)
+                add(_RECORD, (eid, commit_id, digest, version))
+            elif kind == "trace":
+                _, eid, next_index, steps = record
+                eid = _copied_id(eid, "execution id")
+                steps = list(steps)
+                next_index = _int64(next_index, "next_index")
+                if next_index < len(steps):
+                    raise ValueError(
+                        f"the trace of {eid!r} holds {len(steps)} steps, more than its "
+                        f"next index {next_index}"
+                    )
+                if keep and len(steps) > keep:
+                    steps = steps[len(steps) - keep :]
+                first = next_index - len(steps)
+                for i, step in enumerate(steps):
+                    step = _checks.trace_step(step, "trace step")
+                    add(_RESTORE_STEP, (eid, first + i, encode(step, f"a trace step of {eid!r}")))
+                add(_RESTORE_RING, (eid, next_index, len(steps)))
+            elif kind == "timer":
+                _, eid, path, fire_at = record
+                fire_at = _checks.as_time(fire_at, "fire_at")
+                if fire_at - fire_at != 0.0:
+                    raise ValueError(f"fire_at must be finite, got {fire_at!r}")
+                add(_RESTORE_TIMER, (_copied_id(eid, "execution id"),
+                                     _copied_id(path, "timer path"), fire_at))  # fmt: skip
+            elif kind == "outbox":
+                seq, target, event = record[1]
+                seq = _copied_seq(seq)
+                if target is not None:
+                    target = _copied_id(target, "outbox target_id")
+                event = encode(event, f"the event of outbox entry {seq}")
+                add(_RESTORE_EMIT, (seq, target, event))
+            elif kind == "spawn":
+                seq, parent_id, child_id, root_path, context = record[1]
+                seq = _copied_seq(seq)
+                what = f"of spawn intent {seq}"
+                context = _checks.trace_step(context, f"the context {what}")
+                add(_RESTORE_SPAWN, (
+                    seq,
+                    _copied_id(parent_id, "spawn parent_id"),
+                    _copied_id(child_id, "spawn child_id"),
+                    encode(root_path, f"the root_path {what}"),
+                    encode(context, f"the context {what}"),
+                ))  # fmt: skip
+            elif kind == "seqs":
+                seqs = [_int64(record[1], "outbox seq"), _int64(record[2], "spawn seq")]
+            elif kind != "total":
+                _copy.check_kind(kind)
+        for sql, batch in batches.items():
+            if batch:
+                conn.executemany(sql, batch)
+        # AUTOINCREMENT continues after the greatest seq it has seen or been told of.
+        for table, last in zip(("outbox", "spawns"), seqs):
+            if conn.execute(_SEQ_UPDATE, (last, table)).rowcount == 0 and last:
+                conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)", (table, last))
+        work = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM outbox) OR EXISTS (SELECT 1 FROM spawns)"
+            " OR EXISTS (SELECT 1 FROM timers)"
+        ).fetchone()[0]
+        if work:
+            conn.execute(_BUMP)
 
     # --- helpers -----------------------------------------------------------------------
 

@@ -1,7 +1,12 @@
-"""``python -m harel_store``: drive many orders through a small workflow on the store and
+"""``python -m harel_store``: drive many orders through a small workflow on a store and
 report the throughput (see :mod:`harel_store._demo`), or say what is installed (``--info``).
 
-Exits 0 when the run checked out, 1 when it did not.
+``--store URL`` picks the store (default: ``$HAREL_STORE_URL``, else ``memory:``). On a
+durable store the run is resumable (``--resume``) and its relays may run in worker
+processes (``--workers N``).
+
+Exits 0 when the run checked out, 1 when it did not, 2 on a usage error (a bad option,
+or a store that cannot take the run).
 """
 
 from __future__ import annotations
@@ -13,13 +18,19 @@ import sys
 from collections.abc import Sequence
 from time import perf_counter
 from types import ModuleType
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from . import IMPLEMENTATION, __version__
-from ._demo import DemoStore, run
+from ._demo import DemoResult, DemoStore, run
+from ._demo.durable import DEFAULT_ORDERS, LEASE, Coordinator, Refused, run_durable
 from ._env import NO_EXTENSIONS, REQUIRE_EXTENSIONS
+from ._errors import StoreError
+from ._open import open_store
 from ._store_py import DictStore as PureDictStore
 
-DEFAULT_ORDERS = 20_000
+PROG = "python -m harel_store"
+URL_ENV = "HAREL_STORE_URL"
 
 
 def _positive(text: str) -> int:
@@ -29,9 +40,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m harel_store",
+        prog=PROG,
         description=(
             "Drive N orders through an order-handling workflow (emits, timers, AND-state "
             "spawns, joins, redeliveries, timeouts) using only the store's public API, "
@@ -42,16 +60,50 @@ def _parser() -> argparse.ArgumentParser:
         "-n",
         "--executions",
         type=_positive,
-        default=DEFAULT_ORDERS,
+        default=None,
         metavar="N",
         help="orders to drive; each completed one also spawns two region children "
-        "(default: %(default)s)",
+        f"(default: {DEFAULT_ORDERS}; with --resume, the recorded number)",
     )
-    parser.add_argument("--seed", type=int, default=1, help="random seed (default: %(default)s)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="random seed (default: 1; with --resume, the recorded seed)",
+    )
+    parser.add_argument(
+        "--store",
+        metavar="URL",
+        default=None,
+        help=f"the store to run on: memory: (the default, unless ${URL_ENV} names "
+        "another), sqlite:///path.db, sqlite:// (SQLite in memory), postgresql://...",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="on a durable store, finish the run it holds (one that was killed partway), "
+        "or start one if it is empty; without it, a store holding a run is refused",
+    )
+    parser.add_argument(
+        "--workers",
+        type=_positive,
+        metavar="N",
+        default=None,
+        help="run the relays and sweepers in N worker processes sharing the database "
+        "(a SQLite file or PostgreSQL); this process keeps the clock and admits orders",
+    )
+    parser.add_argument(
+        "--lease",
+        type=_seconds,
+        default=LEASE,
+        metavar="SECONDS",
+        help="how long a relay's claim holds on a durable store; a killed run's claims "
+        "go to the resumed run, or to the other workers, after this (default: %(default)g)",
+    )
     parser.add_argument(
         "--pure",
         action="store_true",
-        help="use the pure-Python store even if the compiled one loads",
+        help="use the pure-Python store even if the compiled one loads (memory: only)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.add_argument(
@@ -72,7 +124,7 @@ def _store(pure: bool) -> tuple[type[DemoStore], str]:
     return DictStore, IMPLEMENTATION
 
 
-def _module(store: type[DemoStore]) -> ModuleType:
+def _module(store: type[Any]) -> ModuleType:
     return sys.modules[store.__module__]
 
 
@@ -114,18 +166,121 @@ class _Progress:
             )
 
 
+def redact(url: str) -> str:
+    """``url`` with its password, if any, replaced by ``***``."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        host = parts.netloc.rpartition("@")[2]
+        netloc = f"{parts.username or ''}:***@{host}"
+        return urlunsplit(parts._replace(netloc=netloc))
+    except ValueError:
+        return url
+
+
+def _usage_error(message: str) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["copy"]:
+        from ._copy import main as copy
+
+        return copy(argv[1:])
     args = _parser().parse_args(argv)
     store, implementation = _store(args.pure)
     if args.info:
         _info(store, implementation)
         return 0
+    url: str = args.store or os.environ.get(URL_ENV) or "memory:"
+    progress = None if args.quiet else _Progress()
+    if url.partition(":")[0].lower() == "memory":
+        if args.workers is not None:
+            return _usage_error(
+                "--workers needs a database the worker processes share: a SQLite file "
+                "(--store sqlite:///path.db) or PostgreSQL (--store postgresql://...); "
+                f"{url} is the memory of one process"
+            )
+        if args.resume:
+            return _usage_error(
+                f"--resume needs a durable store: {url} starts empty in every process"
+            )
+        try:
+            open_store(url).close()  # the URL's own checks
+        except ValueError as exc:
+            return _usage_error(str(exc))
+        return _memory(args, store, implementation, progress)
+    if args.pure:
+        return _usage_error(f"--pure picks the pure-Python memory store; --store is {url}")
+    return _durable(args, url, progress)
 
-    n: int = args.executions
+
+def _memory(
+    args: argparse.Namespace, store: type[DemoStore], implementation: str, progress: Any
+) -> int:
+    n: int = args.executions or DEFAULT_ORDERS
+    seed: int = 1 if args.seed is None else args.seed
     print(f"harel-store {__version__}: {implementation} store ({_module(store).__name__})")
-    print(f"driving {n:,} orders through the order workflow (seed {args.seed})", flush=True)
-    result = run(n, store, progress=None if args.quiet else _Progress(), seed=args.seed)
+    print(f"driving {n:,} orders through the order workflow (seed {seed})", flush=True)
+    result = run(n, store, progress=progress, seed=seed)
+    return _report(result, f"{implementation} store")
 
+
+def _durable(args: argparse.Namespace, url: str, progress: Any) -> int:
+    where = redact(url)
+    try:
+        store = open_store(url)
+    except (ValueError, ImportError, StoreError) as exc:
+        return _usage_error(str(exc))
+    with store:
+        if getattr(store, "path", None) == ":memory:":
+            if args.workers is not None:
+                return _usage_error(
+                    f"--workers needs a database the worker processes share: {url} is "
+                    "private to one connection; use sqlite:///path.db or postgresql://..."
+                )
+            if args.resume:
+                return _usage_error(f"--resume needs a database that outlives the process: {url}")
+        coord = Coordinator(store, where)
+        try:
+            coord.open(args.executions, args.seed, args.resume)
+        except Refused as exc:
+            return _usage_error(str(exc))
+        kind = type(store).__name__
+        print(f"harel-store {__version__}: {kind} ({type(store).__module__}) at {where}")
+        if coord.note:
+            print(coord.note)
+        n, seed = coord.n, coord.seed
+        if coord.resumed:
+            print(
+                f"resuming the run of {n:,} orders (seed {seed}) at tick {coord.tick}: "
+                f"{coord.finished():,} orders finished before; its claims are taken "
+                "over as their leases run out",
+                flush=True,
+            )
+        else:
+            print(f"driving {n:,} orders through the order workflow (seed {seed})", flush=True)
+        cleared = coord.phase == "done"
+        if cleared:
+            print("the run had finished and been checked; clearing what is left of it")
+        if args.workers is not None:
+            from ._demo.workers import run_workers
+
+            print(f"relays and sweepers in {args.workers} worker processes", flush=True)
+            result = run_workers(url, coord, args.workers, lease=args.lease, progress=progress)
+        else:
+            result = run_durable(
+                store, where=where, coordinator=coord, lease=args.lease, progress=progress
+            )
+    if cleared:
+        return _verdict(result)
+    return _report(result, kind)
+
+
+def _report(result: DemoResult, what: str) -> int:
     print(
         f"orders:      {result['orders']:,} ({result['completed']:,} completed, "
         f"{result['timed_out']:,} timed out)"
@@ -136,13 +291,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"redeliveries skipped {result['redeliveries_skipped']:,}, duplicate spawns skipped "
         f"{result['duplicate_spawns_skipped']:,}, timers fired {result['timers_fired']:,}"
     )
+    if "resumed" in result:
+        note = " (resumed: the counts above are this run's)" if result["resumed"] else ""
+        print(
+            f"run {result['runs']} of the demonstration in this store{note}; CAS conflicts "
+            f"retried {result['conflicts']:,}, late redeliveries {result['late_redeliveries']:,}"
+        )
     print(f"peak live executions: {result['peak_live_executions']:,} (finished ones are forgotten)")
     print(f"store stats at the end: {result['stats']}")
-    print(f"after forgetting the two services: {result['stats_after_forget']}")
+    forgot = (
+        "the services, the ledger and the driver" if "resumed" in result else "the two services"
+    )
+    print(f"after forgetting {forgot}: {result['stats_after_forget']}")
+    for worker in result.get("workers", []):
+        if not worker["worker"]:  # the relay of this process
+            continue
+        print(
+            f"worker {worker['worker']} (pid {worker['pid']}): {worker['commits']:,} commits "
+            f"in {worker['elapsed']:.3f} s, {worker['commits_per_s']:,.0f} commits/s; "
+            f"{worker['events_delivered']:,} events delivered, {worker['timers_fired']:,} "
+            f"timers fired, {worker['children_created']:,} children created, "
+            f"{worker['orders_retired']:,} orders retired, {worker['conflicts']:,} conflicts"
+        )
     print(
         f"elapsed {result['elapsed']:.3f} s: {result['executions_per_s']:,.0f} executions/s, "
-        f"{result['commits_per_s']:,.0f} commits/s ({implementation} store)"
+        f"{result['commits_per_s']:,.0f} commits/s ({what})"
     )
+    return _verdict(result)
+
+
+def _verdict(result: DemoResult) -> int:
     if result["problems"]:
         print(f"FAILED: {len(result['problems'])} check(s) did not hold:", file=sys.stderr)
         for problem in result["problems"][:20]:

@@ -1,0 +1,761 @@
+"""The demonstration on a durable store: resumable after a crash, and shared by relays
+in several processes (:mod:`.workers`).
+
+Everything a run needs to go on lives in the store, so a run killed at any instruction
+(``kill -9``) is finished by the next one started with ``--resume``:
+
+- the driver, execution ``demo/driver``: the number of orders and the seed (every
+  order's fate is drawn from it, so every process draws the same), the simulated clock
+  (``tick``, ``now``), the orders admitted so far (``admitted``; ``batch_from``, the
+  first of the last tick's batch), ``runs`` (the incarnation, also the writer epoch of
+  its commits, so a run that was given up for dead cannot move the clock any more) and
+  ``phase`` (``running``, ``stopping``, ``done``). Only the coordinator writes it.
+- the ledger, execution ``demo/ledger``: the tallies of the orders retired so far. A
+  retirement is a commit of the ledger that marks the order's ``order_finished`` event
+  processed, so an announcement delivered twice is counted once; the order and its
+  children are forgotten after that commit and the announcement acked last.
+- the two services, the orders in flight and their children, with their outbox and
+  spawn entries and timers.
+
+The coordinator (:class:`Coordinator`) moves the clock one tick only when the store is
+quiescent at the current one: no due timer, and empty outbox and spawn tables. In-flight
+work is always one of those rows until the work it causes is committed (a relay acks an
+entry, or deletes a timer, after the commit of its delivery), so quiescence means every
+event of the tick has been handled, by whichever process. Each tick admits the next
+batch of orders; an order is created with ``commit_id="created"``, so re-admitting the
+last batch after a crash writes nothing for the orders that were already created.
+
+A relay (:class:`Relay`) claims outbox entries, spawn intents and due timers with leases
+(``claim_*``), and acks, or ``delete_timer``s, what it has handled. Every delivery loads
+its target, skips it if ``is_processed``, runs the handler on the loaded copy and commits
+it with the event id as ``commit_id``: a ``StoreConflict`` (another process committed the
+execution meanwhile) reloads and runs the handler again, and a commit whose outcome is
+unknown (a ``StoreError``, such as a dropped connection) is retried as it was, which
+writes nothing if the first try landed. Like the in-process relays, a relay "loses" the
+ack of some entries: it delivers them again at its next round (skipped by
+``is_processed``) before it acks them. A process that dies holding claims leaves them to
+the others, or to the resumed run, once their lease runs out.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable, Iterable
+from time import perf_counter
+from typing import Any
+
+from .._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError
+from .._records import Execution, OutboxEntry, SpawnEntry
+from .result import DemoResult, WorkerReport, store_checks
+from .workflow import (
+    EPOCH,
+    FULFIL_TIMEOUT,
+    INVENTORY,
+    MAX_PROBLEMS,
+    NOTHING,
+    ORDERS_PER_TICK,
+    PAY_TIMEOUT,
+    PAYMENT,
+    REDELIVER_EVERY,
+    RESPAWN_EVERY,
+    TICK,
+    Event,
+    Step,
+    Workflow,
+    add_problem,
+    expectation,
+    fates,
+    new_child,
+    new_order,
+    new_services,
+    order_index,
+    plan,
+    planned_status,
+)
+
+DRIVER = "demo/driver"
+LEDGER = "demo/ledger"
+LEASE = 10.0  # seconds a claim holds: a killed run's claims are taken over after this
+CLAIM = 100  # entries per claim
+RETRIES = 5  # tries of a commit whose outcome is unknown
+DEFAULT_ORDERS = 20_000
+
+
+class Refused(Exception):
+    """The store cannot take this run: it holds something else, or a run and no
+    ``--resume``. The message says what to do."""
+
+
+def new_ledger() -> Execution:
+    return Execution(
+        id=LEDGER,
+        definition_id="ledger",
+        active_path=("ledger", "open"),
+        context={
+            "finished": 0,
+            "completed": 0,
+            "timed_out": 0,
+            "children": 0,
+            "missed_pickups": 0,
+            "problems": [],
+        },
+    )
+
+
+class _Writer(Workflow):
+    """The workflow's commits on a durable store, each with a ``commit_id``."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__()
+        self.store = store
+        self.commits = 0
+        self.conflicts = 0
+
+    def commit(
+        self,
+        exe: Any,
+        step: Step,
+        processed_event_id: str | None,
+        kind: str,
+        before: str,
+        commit_id: str,
+        epoch: int | None = None,
+    ) -> None:
+        sends, timers, spawns = step
+        emits: list[tuple[Any, Event]] = []
+        if sends:
+            source = exe.id
+            prefix = f"{source}@{exe.version}."
+            emits = [
+                (target, (prefix + str(k), what, source, data))
+                for k, (target, what, data) in enumerate(sends)
+            ]
+        trace = {"event": kind, "from": before, "to": exe.active_path[-1], "at": self.now}
+        commit = self.store.commit
+        for attempt in range(RETRIES):
+            try:
+                commit(
+                    exe,
+                    emits,
+                    processed_event_id,
+                    timers,
+                    spawns,
+                    trace,
+                    commit_id=commit_id,
+                    epoch=epoch,
+                )
+                break
+            except (StoreConflict, IdempotencyConflict, StaleWriter):
+                raise
+            except StoreError:
+                # Applied or not, nobody knows: the same commit again, under the same
+                # commit_id, writes nothing if the first one landed.
+                if attempt == RETRIES - 1:
+                    raise
+                time.sleep(0.05 * 2**attempt)
+        self.commits += 1
+
+    def create(self, exe: Execution, first: tuple[Any, str, Any] | None) -> bool:
+        """Store a new execution, with the event that starts it; ``False`` when it is
+        already there (created before a crash, or by another relay)."""
+        step: Step = ([first], (), ()) if first is not None else NOTHING
+        try:
+            self.commit(exe, step, None, "created", "", "created")
+        except (StoreConflict, IdempotencyConflict):
+            return False
+        return True
+
+
+class Relay(_Writer):
+    """A relay of the outbox and the spawn intents and a sweeper of due timers, all by
+    claims; it also retires finished orders into the ledger. :meth:`round` does one
+    round of each and says how much it did."""
+
+    def __init__(self, store: Any, *, lease: float = LEASE, limit: int = CLAIM) -> None:
+        super().__init__(store)
+        self.lease = lease
+        self.limit = limit
+        driver = store.load(DRIVER)
+        if driver is None:
+            raise Refused("no run of the demonstration in this store")
+        self.n = driver.context["n"]
+        self.fates = fates(self.n, driver.context["seed"])
+        self.phase = driver.context["phase"]
+        self.now = driver.context["now"]
+        self.delivered = 0
+        self.redeliveries_skipped = 0
+        self.outbox_crashes = 0
+        self.spawns_skipped = 0
+        self.spawn_crashes = 0
+        self.children_created = 0
+        self.dead_letters = 0
+        self.late_redeliveries = 0
+        self.timers_fired = 0
+        self.retired = 0
+        self._lost_acks: list[OutboxEntry] = []
+        self._lost_spawn_acks: list[SpawnEntry] = []
+
+    def round(self) -> int:
+        store = self.store
+        done = self._redeliver()
+        outbox = store.claim_outbox(self.limit, lease=self.lease)
+        spawns = store.claim_spawns(self.limit, lease=self.lease)
+        # Read after the claims: while a relay holds work the clock cannot move, so
+        # this is the tick the claimed work belongs to.
+        driver = store.load(DRIVER)
+        if driver is None:  # the run is over and forgotten
+            self.phase = "gone"
+            return done
+        self.phase = driver.context["phase"]
+        self.now = now = driver.context["now"]
+        timers = store.claim_due_timers(now, self.limit, lease=self.lease)
+        for execution_id, path, fire_at in timers:
+            self.timers_fired += 1
+            self.deliver(execution_id, (f"timeout:{path}@{fire_at}", "timeout", None, path))
+            store.delete_timer(execution_id, path, fire_at)
+        for entry in spawns:
+            self._spawn(entry)
+        for entry in outbox:
+            self._relay(entry)
+        return done + len(timers) + len(spawns) + len(outbox)
+
+    def deliver(self, target: Any, event: Event) -> None:
+        store = self.store
+        event_id = event[0]
+        conflicts = 0
+        while True:
+            exe = store.load(target)
+            if exe is None:
+                if target.startswith("order-"):
+                    # An order (or a child of one) is forgotten once retired; an event
+                    # for it now is a redelivery whose first delivery finished it.
+                    self.late_redeliveries += 1
+                else:
+                    self.dead_letters += 1
+                return
+            if store.is_processed(target, event_id):
+                self.redeliveries_skipped += 1
+                return
+            before = exe.active_path[-1]
+            step = self.handlers[exe.definition_id](exe, event)
+            try:
+                self.commit(exe, step, event_id, event[1], before, event_id)
+            except StoreConflict:
+                self.conflicts += 1
+                conflicts += 1
+                if conflicts > 2:
+                    time.sleep(random.random() * 0.001 * conflicts)
+                continue
+            except IdempotencyConflict:  # handled meanwhile by a relay that took it over
+                self.redeliveries_skipped += 1
+                return
+            self.delivered += 1
+            return
+
+    def _relay(self, entry: OutboxEntry) -> None:
+        seq, target, event = entry
+        if target is None:
+            if event[1] == "order_finished":
+                self.retire(event)
+            # "tick" and "stop" only wake relays up
+        else:
+            self.deliver(target, event)
+            if seq % REDELIVER_EVERY == 0:
+                self._lost_acks.append(entry)  # the ack is lost: delivered again next round
+                self.outbox_crashes += 1
+                return
+        self.store.ack_outbox(seq)
+
+    def _spawn(self, entry: SpawnEntry) -> None:
+        seq, parent_id, child_id, root_path, context = entry
+        if self.store.load(child_id) is not None:
+            self.spawns_skipped += 1
+        elif self.create(
+            new_child(parent_id, child_id, root_path, context), (child_id, "start", None)
+        ):
+            self.children_created += 1
+            if seq % RESPAWN_EVERY == 0:
+                self._lost_spawn_acks.append(entry)
+                self.spawn_crashes += 1
+                return
+        else:
+            self.spawns_skipped += 1
+        self.store.ack_spawn(seq)
+
+    def _redeliver(self) -> int:
+        """What lost its ack last round: delivered (or spawned) again, then acked."""
+        store = self.store
+        lost, spawns = self._lost_acks, self._lost_spawn_acks
+        if not lost and not spawns:
+            return 0
+        self._lost_acks, self._lost_spawn_acks = [], []
+        for seq, target, event in lost:
+            self.deliver(target, event)
+            store.ack_outbox(seq)
+        for seq, _, child_id, _, _ in spawns:
+            if store.load(child_id) is not None:
+                self.spawns_skipped += 1
+            store.ack_spawn(seq)
+        return len(lost) + len(spawns)
+
+    def retire(self, event: Event) -> None:
+        """Check a finished order and its children, count it in the ledger (once: the
+        ledger's commit marks the announcement processed), then forget them."""
+        store = self.store
+        event_id, order_id = event[0], event[2]
+        tally: dict[str, Any] | None = None
+        while True:
+            ledger = store.load(LEDGER)
+            if ledger is None:
+                raise StoreError(f"{LEDGER} is missing from the store")
+            if store.is_processed(LEDGER, event_id):
+                self.redeliveries_skipped += 1
+                break
+            if tally is None:
+                tally = self._tally(order_id)
+                if tally is None:  # forgotten meanwhile by a relay that took it over
+                    if store.is_processed(LEDGER, event_id):
+                        self.redeliveries_skipped += 1
+                        break
+                    tally = {"problems": [f"{order_id}: announced finished, but not stored"]}
+            context = ledger.context
+            context["finished"] += 1
+            for key, value in tally.items():
+                if key == "problems":
+                    for text in value:
+                        add_problem(context["problems"], text)
+                else:
+                    context[key] += value
+            try:
+                self.commit(ledger, NOTHING, event_id, "order_finished", "open", event_id)
+            except StoreConflict:
+                self.conflicts += 1
+                continue
+            except IdempotencyConflict:
+                self.redeliveries_skipped += 1
+                break
+            self.retired += 1
+            break
+        for child in (f"{order_id}/packing", f"{order_id}/shipping"):
+            store.forget(child)
+        store.forget(order_id)
+
+    def _tally(self, order_id: str) -> dict[str, Any] | None:
+        store = self.store
+        order = store.load(order_id)
+        if order is None:
+            return None
+        problems: list[str] = []
+        planned = planned_status(self.fates[order_index(order_id)])
+        status = order.status
+        if status != planned:
+            problems.append(f"{order_id}: ended {status} ({order.outcome}), planned {planned}")
+        steps = store.read_trace(order_id)
+        if not steps or steps[-1]["index"] != order.version - 1 or steps[-1]["to"] != planned:
+            problems.append(f"{order_id}: trace does not end with commit {order.version - 1}")
+        if planned == "completed" and len(order.children) != 2:
+            problems.append(f"{order_id}: {len(order.children)} children joined, not 2")
+        joined = missed = 0
+        for child_id, outcome in order.children.items():
+            child = store.load(child_id)
+            if (
+                outcome != "done"
+                or child is None
+                or child.parent_id != order_id
+                or child.status != "completed"
+            ):
+                problems.append(f"{child_id}: missing or unfinished region child")
+            else:
+                joined += 1
+                missed += child.context.get("missed", 0)
+        return {
+            "completed": status == "completed",
+            "timed_out": status == "timed_out",
+            "children": joined,
+            "missed_pickups": missed,
+            "problems": problems,
+        }
+
+    def report(self, worker: int, elapsed: float) -> WorkerReport:
+        return WorkerReport(
+            worker=worker,
+            pid=os.getpid(),
+            commits=self.commits,
+            events_delivered=self.delivered,
+            timers_fired=self.timers_fired,
+            children_created=self.children_created,
+            orders_retired=self.retired,
+            conflicts=self.conflicts,
+            elapsed=elapsed,
+            commits_per_s=self.commits / elapsed if elapsed > 0 else 0.0,
+            error="",
+        )
+
+    def counts(self) -> dict[str, int]:
+        """The counters the end-of-run checks add up over every relay of the run."""
+        return {
+            "redeliveries_skipped": self.redeliveries_skipped,
+            "outbox_crashes": self.outbox_crashes,
+            "spawns_skipped": self.spawns_skipped,
+            "spawn_crashes": self.spawn_crashes,
+            "dead_letters": self.dead_letters,
+            "late_redeliveries": self.late_redeliveries,
+        }
+
+
+class Coordinator(_Writer):
+    """Opens or resumes the run recorded in the store, moves its clock, admits orders,
+    and checks and clears the store at the end. One per run."""
+
+    def __init__(self, store: Any, where: str) -> None:
+        super().__init__(store)
+        self.where = where
+        self.resumed = False
+        self.note = ""
+        self.created = 0
+        self.peak = 0
+
+    # -- the driver -------------------------------------------------------------------
+
+    def open(self, n: int | None, seed: int | None, resume: bool) -> None:
+        """Start a run in an empty store, or (``resume``) take over the one in it.
+        Raises :class:`Refused` when neither is possible, saying why."""
+        store = self.store
+        driver = store.load(DRIVER)
+        if driver is None:
+            stats = store.stats()
+            if any(stats.values()):
+                held = ", ".join(f"{v:,} {k}" for k, v in stats.items() if v)
+                raise Refused(
+                    f"{self.where} is not empty ({held}) and holds no run of the "
+                    "demonstration: give --store an empty database"
+                )
+            if resume:
+                self.note = f"nothing to resume in {self.where}: starting a new run"
+            n = DEFAULT_ORDERS if n is None else n
+            seed = 1 if seed is None else seed
+            driver = Execution(
+                id=DRIVER,
+                definition_id="driver",
+                active_path=("driver", "running"),
+                context={
+                    "n": n,
+                    "seed": seed,
+                    "tick": 0,
+                    "now": EPOCH,
+                    "batch_from": 0,
+                    "admitted": 0,
+                    "runs": 1,
+                    "phase": "running",
+                },
+            )
+            self.commit(driver, NOTHING, None, "created", "", "created", epoch=1)
+        else:
+            context = driver.context
+            if not resume:
+                raise Refused(
+                    f"{self.where} holds an unfinished run of the demonstration "
+                    f"({self._finished():,} of {context['n']:,} orders finished, tick "
+                    f"{context['tick']}): add --resume to finish it, or give --store an "
+                    "empty database"
+                )
+            given = {"-n": n, "--seed": seed}
+            recorded = {"-n": context["n"], "--seed": context["seed"]}
+            for flag, value in given.items():
+                if value is not None and value != recorded[flag]:
+                    raise Refused(
+                        f"the run in {self.where} drives {context['n']:,} orders with seed "
+                        f"{context['seed']}; {flag} {value} disagrees (leave it out to resume)"
+                    )
+            runs = context["runs"] + 1
+            context["runs"] = runs
+            before = context["phase"]
+            if before == "stopping":
+                context["phase"] = "running"
+            self.commit(driver, NOTHING, None, "resumed", before, f"run-{runs}", epoch=runs)
+            self.resumed = True
+        self.driver = driver
+        self.n = driver.context["n"]
+        self.seed = driver.context["seed"]
+        self.fates = fates(self.n, self.seed)
+        self.now = driver.context["now"]
+        if driver.context["phase"] == "done":
+            return
+        # Created on every start, each only if missing: a crash may have come between.
+        for exe in (*new_services(), new_ledger()):
+            if store.load(exe.id) is None:
+                self.create(exe, None)
+        if self.resumed:  # the last batch may have been cut short
+            self._admit(driver.context["batch_from"], driver.context["admitted"], again=True)
+
+    @property
+    def phase(self) -> str:
+        return str(self.driver.context["phase"])
+
+    @property
+    def tick(self) -> int:
+        return int(self.driver.context["tick"])
+
+    def advance(self) -> None:
+        """The next tick: move the clock, wake the relays, admit the next batch."""
+        driver = self.driver
+        context = driver.context
+        tick = context["tick"] + 1
+        self.now = now = EPOCH + tick * TICK
+        first = context["admitted"]
+        context.update(
+            tick=tick, now=now, batch_from=first, admitted=min(self.n, first + ORDERS_PER_TICK)
+        )
+        wake = ([(None, "tick", tick)], (), ())
+        self.commit(driver, wake, None, "tick", "running", f"tick-{tick}", context["runs"])
+        self._admit(first, context["admitted"])
+
+    def _admit(self, first: int, last: int, again: bool = False) -> None:
+        drawn = self.fates
+        load = self.store.load
+        for i in range(first, last):
+            order = new_order(i, drawn[i])
+            if again and load(order.id) is not None:
+                continue
+            if self.create(order, (order.id, "place", None)):
+                self.created += 1
+
+    def stop(self) -> None:
+        """Tell the relays of other processes that the run is over."""
+        driver = self.driver
+        context = driver.context
+        context["phase"] = "stopping"
+        wake = ([(None, "stop", None)], (), ())
+        self.commit(
+            driver, wake, None, "stop", "running", f"stop-{context['runs']}", context["runs"]
+        )
+
+    # -- watching the run -------------------------------------------------------------
+
+    def pending(self) -> int:
+        """How much work is left at the current tick; ``0`` when the store is quiescent.
+
+        Due timers are read first: new timers are never due at the current tick, so
+        once there are none, the outbox and spawn counts that follow see any work the
+        last of them caused."""
+        due = len(self.store.due_timers(self.now))
+        if due:
+            return due
+        stats: dict[str, int] = self.store.stats()
+        self.peak = max(self.peak, stats["executions"])
+        return stats["outbox"] + stats["spawns"]
+
+    def _finished(self) -> int:
+        ledger = self.store.load(LEDGER)
+        return 0 if ledger is None else int(ledger.context["finished"])
+
+    def finished(self) -> int:
+        return self._finished()
+
+    def over(self) -> bool:
+        """Every order retired, or the clock ran out."""
+        return self._finished() >= self.n or self.tick >= max_ticks(self.n)
+
+    # -- the end ----------------------------------------------------------------------
+
+    def conclude(
+        self, counts: Iterable[dict[str, int]], reports: list[WorkerReport], elapsed: float
+    ) -> DemoResult:
+        """Check the run from the store and the relays' counts, record the outcome in
+        the driver, then forget the services, the ledger and the driver."""
+        store = self.store
+        problems: list[str] = []
+        expect = expectation(problems)
+        total: dict[str, int] = {}
+        for one in counts:
+            for key, value in one.items():
+                total[key] = total.get(key, 0) + value
+        for report in reports:
+            if report["error"]:
+                problems.append(f"worker {report['worker']} failed: {report['error']}")
+        self._ack_wakeups(problems)
+        ledger = store.load(LEDGER)
+        services = [store.load(INVENTORY), store.load(PAYMENT)]
+        tallies = ledger.context if ledger is not None else new_ledger().context
+        finished = tallies["finished"]
+        if finished < self.n:
+            problems.append(
+                f"gave up after {self.tick} ticks with {self.n - finished:,} orders in flight"
+            )
+        planned = plan(self.fates)
+        store_checks(
+            expect,
+            self.n,
+            planned,
+            services,
+            completed=tallies["completed"],
+            timed_out=tallies["timed_out"],
+            children=tallies["children"],
+            missed_pickups=tallies["missed_pickups"],
+            notifications=finished,
+        )
+        problems.extend(tallies["problems"])
+        expect("dead letters", total.get("dead_letters", 0), 0)
+        _at_least(
+            problems,
+            "redeliveries skipped",
+            total.get("redeliveries_skipped", 0),
+            total.get("outbox_crashes", 0),
+        )
+        _at_least(
+            problems,
+            "duplicate spawns skipped",
+            total.get("spawns_skipped", 0),
+            total.get("spawn_crashes", 0),
+        )
+        timers_fired = sum(r["timers_fired"] for r in reports)
+        children_created = sum(r["children_created"] for r in reports)
+        payment = services[1]
+        settlements = payment.context["settlements"] if payment is not None else 0
+        if not self.resumed:
+            # What a killed run counted died with it: these hold only for one incarnation.
+            expect("region children created", children_created, tallies["children"])
+            expect("timers fired", timers_fired, self.n + planned.misses + settlements)
+
+        driver = self.driver
+        before = self.phase
+        driver.context["phase"] = "done"
+        driver.context["problems"] = problems[:MAX_PROBLEMS]
+        self.commit(driver, NOTHING, None, "done", before, "done", driver.context["runs"])
+        commits = self.commits + sum(r["commits"] for r in reports)
+        keep = [s for s in (*services, ledger, driver) if s is not None]
+        stats = store.stats()
+        trace_max = store.trace_max or None
+        expect(
+            "store stats at the end",
+            stats,
+            {
+                "executions": 4,
+                "outbox": 0,
+                "spawns": 0,
+                "timers": 0,
+                "processed": sum(e.version - 1 for e in keep if e is not driver),
+                "traces": 4,
+                "trace_steps": sum(min(e.version, trace_max or e.version) for e in keep),
+            },
+        )
+        for execution_id in (INVENTORY, PAYMENT, LEDGER, DRIVER):
+            store.forget(execution_id)
+        stats_after = store.stats()
+        expect("store stats after forget", stats_after, dict.fromkeys(stats, 0))
+
+        executions = 2 + self.n + tallies["children"]
+        made = self.created + children_created + (0 if self.resumed else 2)
+        return DemoResult(
+            orders=self.n,
+            completed=tallies["completed"],
+            timed_out=tallies["timed_out"],
+            executions=executions,
+            commits=commits,
+            events_delivered=sum(r["events_delivered"] for r in reports),
+            redeliveries_skipped=total.get("redeliveries_skipped", 0),
+            duplicate_spawns_skipped=total.get("spawns_skipped", 0),
+            timers_fired=timers_fired,
+            notifications=finished,
+            ticks=self.tick,
+            peak_live_executions=self.peak,
+            elapsed=elapsed,
+            executions_per_s=made / elapsed if elapsed > 0 else 0.0,
+            commits_per_s=commits / elapsed if elapsed > 0 else 0.0,
+            stats=stats,
+            stats_after_forget=stats_after,
+            problems=problems,
+            seed=self.seed,
+            resumed=self.resumed,
+            runs=driver.context["runs"],
+            conflicts=self.conflicts + sum(r["conflicts"] for r in reports),
+            late_redeliveries=total.get("late_redeliveries", 0),
+            workers=reports,
+        )
+
+    def conclude_finished(self) -> DemoResult:
+        """A run killed after it was checked, while it cleared the store: report what
+        it recorded and clear the rest."""
+        store = self.store
+        recorded = list(self.driver.context.get("problems", []))
+        for execution_id in (INVENTORY, PAYMENT, LEDGER, DRIVER):
+            store.forget(execution_id)
+        stats = store.stats()
+        return DemoResult(
+            orders=self.n,
+            executions=0,
+            commits=self.commits,
+            ticks=self.tick,
+            elapsed=0.0,
+            executions_per_s=0.0,
+            commits_per_s=0.0,
+            stats=stats,
+            stats_after_forget=stats,
+            problems=recorded,
+            seed=self.seed,
+            resumed=True,
+            runs=self.driver.context["runs"],
+            workers=[],
+        )
+
+    def _ack_wakeups(self, problems: list[str]) -> None:
+        """Ack the wake-ups (``tick``, ``stop``) no relay took before it stopped;
+        anything else left in the outbox is a problem."""
+        store = self.store
+        for seq, target, event in store.pending_outbox():
+            if target is None and event[1] in ("tick", "stop"):
+                store.ack_outbox(seq)
+            else:
+                add_problem(problems, f"left in the outbox: {seq} {target!r} {event!r}")
+
+
+def max_ticks(n: int) -> int:
+    return n // ORDERS_PER_TICK + 1 + int((PAY_TIMEOUT + FULFIL_TIMEOUT) / TICK) + 10
+
+
+def _at_least(problems: list[str], what: str, got: int, least: int) -> None:
+    if got < least:
+        problems.append(f"{what}: got {got!r}, expected at least {least!r}")
+
+
+def run_durable(
+    store: Any,
+    *,
+    where: str,
+    n: int | None = None,
+    seed: int | None = None,
+    resume: bool = False,
+    lease: float = LEASE,
+    progress: Callable[[int, int], None] | None = None,
+    coordinator: Coordinator | None = None,
+) -> DemoResult:
+    """Run the demonstration in this process on a durable ``store`` (``where`` names it
+    in messages): start a run in an empty store, or with ``resume`` finish the one it
+    holds. ``n`` and ``seed`` default to the recorded ones when resuming, else to 20,000
+    and 1. Raises :class:`Refused` when the store can take neither."""
+    coord = coordinator or Coordinator(store, where)
+    if coordinator is None:
+        coord.open(n, seed, resume)
+    if coord.phase == "done":
+        return coord.conclude_finished()
+    relay = Relay(store, lease=lease)
+    start = perf_counter()
+    pause = 0.001
+    while True:
+        if relay.round():
+            continue
+        if coord.pending():
+            # Claimed by a process that died: ours once their lease runs out.
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+            continue
+        pause = 0.001
+        if progress is not None:
+            progress(coord.finished(), coord.n)
+        if coord.over():
+            break
+        coord.advance()
+    elapsed = perf_counter() - start
+    return coord.conclude([relay.counts()], [relay.report(0, elapsed)], elapsed)

@@ -1,0 +1,326 @@
+"""``python -m harel_store --store URL``: the demonstration on durable stores, resumed
+after ``kill -9``, and with its relays in worker processes.
+
+The runs are small (a few hundred orders): SQLite commits about 5,000 times a second
+here, PostgreSQL (fsync per commit) a few hundred.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+URL_ENV = "HAREL_STORE_URL"
+
+
+def module_env(**extra: str) -> dict[str, str]:
+    """This environment, with the ``harel_store`` the tests import first on the path,
+    and no ``HAREL_STORE_URL`` unless given."""
+    import harel_store
+
+    env = dict(os.environ)
+    env.pop(URL_ENV, None)
+    root = str(Path(harel_store.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env.update(extra)
+    return env
+
+
+def demo_command(*args: str) -> list[str]:
+    return [sys.executable, "-W", "error", "-m", "harel_store", *args]
+
+
+def run_demo(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        demo_command(*args),
+        cwd=cwd,
+        env=module_env(**env),
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=300,
+    )
+
+
+def assert_ok(proc: subprocess.CompletedProcess[str]) -> None:
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    assert "OK: every order completed or timed out as planned" in proc.stdout
+
+
+def stats_of(path: Path) -> dict[str, int]:
+    from harel_store.sqlite import SqliteStore
+
+    with SqliteStore(path) as store:
+        return store.stats()
+
+
+# -- one process --------------------------------------------------------------------------
+
+
+def test_demo_on_a_sqlite_file(tmp_path: Path) -> None:
+    proc = run_demo("--store", "sqlite:///orders.db", "-n", "200", "--quiet", cwd=tmp_path)
+    assert_ok(proc)
+    assert proc.stderr == ""
+    first = proc.stdout.splitlines()[0]
+    assert "SqliteStore (harel_store.sqlite) at sqlite:///orders.db" in first
+    assert "orders:      200 (" in proc.stdout
+    assert "commits/s (SqliteStore)" in proc.stdout
+    # A finished run leaves the database empty, ready for the next one.
+    assert set(stats_of(tmp_path / "orders.db").values()) == {0}
+    assert_ok(run_demo("--store", "sqlite:///orders.db", "-n", "20", "--quiet", cwd=tmp_path))
+
+
+def test_store_url_from_the_environment(tmp_path: Path) -> None:
+    import harel_store
+
+    proc = run_demo("-n", "60", "--quiet", cwd=tmp_path, **{URL_ENV: "sqlite:///env.db"})
+    assert_ok(proc)
+    assert "SqliteStore" in proc.stdout.splitlines()[0]
+    assert (tmp_path / "env.db").is_file()
+    # --store wins over the environment.
+    proc = run_demo("--store", "memory:", "-n", "60", "--quiet", cwd=tmp_path, **{URL_ENV: "x:"})
+    assert_ok(proc)
+    assert f" {harel_store.IMPLEMENTATION} store " in proc.stdout.splitlines()[0]
+
+
+def test_kill_9_then_resume(tmp_path: Path) -> None:
+    """Killed partway, the run is refused without --resume, and finished with it: every
+    order ends as its fate planned and every event is handled once (the services'
+    counts and the ledger's tallies are exact)."""
+    from harel_store.sqlite import SqliteStore
+
+    path = tmp_path / "orders.db"
+    args = ("--store", "sqlite:///orders.db", "--quiet", "--lease", "1")
+    first = subprocess.Popen(
+        demo_command(*args, "-n", "600"),
+        cwd=tmp_path,
+        env=module_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        finished = 0
+        deadline = time.monotonic() + 60
+        while finished < 20 and time.monotonic() < deadline and first.poll() is None:
+            time.sleep(0.05)
+            if path.exists():
+                with SqliteStore(path) as store:
+                    ledger = store.load("demo/ledger")
+                finished = 0 if ledger is None else ledger.context["finished"]
+        assert first.poll() is None, "the run ended before it could be killed"
+        os.kill(first.pid, signal.SIGKILL)
+    finally:
+        first.kill()
+        first.communicate()
+    assert first.returncode == -signal.SIGKILL
+    with SqliteStore(path) as store:
+        driver = store.load("demo/driver")
+        left = store.stats()
+    assert driver is not None and driver.context["phase"] == "running"
+    assert 20 <= driver.context["admitted"] and left["executions"] > 4
+
+    refused = run_demo(*args, cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "holds an unfinished run of the demonstration" in refused.stderr
+    assert "add --resume" in refused.stderr
+    assert run_demo(*args, "--resume", "-n", "5", cwd=tmp_path).returncode == 2
+
+    resumed = run_demo(*args, "--resume", cwd=tmp_path)
+    assert_ok(resumed)
+    assert "resuming the run of 600 orders (seed 1)" in resumed.stdout
+    assert "orders:      600 (" in resumed.stdout
+    assert "run 2 of the demonstration in this store (resumed" in resumed.stdout
+    assert set(stats_of(path).values()) == {0}
+
+
+def test_resume_of_an_empty_store_starts_a_run(tmp_path: Path) -> None:
+    proc = run_demo("--store", "sqlite:///new.db", "--resume", "-n", "50", "--quiet", cwd=tmp_path)
+    assert_ok(proc)
+    assert "nothing to resume in sqlite:///new.db: starting a new run" in proc.stdout
+
+
+def test_a_store_holding_something_else_is_refused(tmp_path: Path) -> None:
+    from harel_store import Execution
+    from harel_store.sqlite import SqliteStore
+
+    with SqliteStore(tmp_path / "other.db") as store:
+        store.save(Execution(id="mine"))
+    for extra in ((), ("--resume",)):
+        proc = run_demo("--store", "sqlite:///other.db", *extra, cwd=tmp_path)
+        assert proc.returncode == 2
+        assert "is not empty (1 executions) and holds no run of the demonstration" in proc.stderr
+    assert stats_of(tmp_path / "other.db")["executions"] == 1
+
+
+# -- worker processes -----------------------------------------------------------------------
+
+
+WORKER_LINE = re.compile(
+    r"^worker (\d) \(pid \d+\): ([\d,]+) commits in [\d.]+ s, [\d,]+ commits/s", re.MULTILINE
+)
+
+
+def assert_workers(proc: subprocess.CompletedProcess[str], n: int) -> None:
+    assert_ok(proc)
+    lines = WORKER_LINE.findall(proc.stdout)
+    assert [int(k) for k, _ in lines] == list(range(1, n + 1)), proc.stdout
+    assert sum(int(c.replace(",", "")) for _, c in lines) > 0
+    assert f"relays and sweepers in {n} worker processes" in proc.stdout
+
+
+def test_workers_on_sqlite(tmp_path: Path) -> None:
+    proc = run_demo(
+        "--store", "sqlite:///orders.db", "--workers", "2", "-n", "200", "--quiet", cwd=tmp_path
+    )
+    assert_workers(proc, 2)
+    assert "orders:      200 (" in proc.stdout
+    assert set(stats_of(tmp_path / "orders.db").values()) == {0}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--workers", "2"),
+        ("--workers", "2", "--store", "memory:"),
+        ("--workers", "2", "--store", "sqlite://"),
+        ("--resume",),
+        ("--resume", "--store", "sqlite://"),
+        ("--pure", "--store", "sqlite:///x.db"),
+        ("--store", "mysql://x"),
+    ],
+    ids=[
+        "workers",
+        "workers-memory",
+        "workers-sqlite-memory",
+        "resume",
+        "resume-sqlite-memory",
+        "pure",
+        "scheme",
+    ],
+)
+def test_what_a_store_cannot_do_is_refused(args: tuple[str, ...], tmp_path: Path) -> None:
+    proc = run_demo(*args, "-n", "10", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout
+    assert proc.stderr.startswith("python -m harel_store: error: ")
+    if "--workers" in args:
+        assert "--workers needs a database the worker processes share" in proc.stderr
+    assert proc.stdout == ""
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_workers_on_postgres(pg_server: Any, tmp_path: Path) -> None:
+    """The same run with two workers on PostgreSQL, in a database of its own."""
+    import psycopg
+
+    name = f"demo_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        url = re.sub(r"/postgres(\?|$)", rf"/{name}\1", pg_server.url, count=1)
+        assert name in url
+        proc = run_demo("--store", url, "--workers", "2", "-n", "60", "--quiet", cwd=tmp_path)
+        assert_workers(proc, 2)
+        assert "PostgresStore (harel_store.postgres)" in proc.stdout.splitlines()[0]
+    finally:
+        with psycopg.connect(pg_server.url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# -- in process -----------------------------------------------------------------------------
+
+
+def test_local_run_relies_on_no_identity(tmp_path: Path) -> None:
+    """``run``, the host of the memory stores and of the benchmarks, holds no execution
+    between two store calls: it runs as well on a store whose load decodes a copy."""
+    from harel_store._demo import run
+    from harel_store.sqlite import SqliteStore
+
+    def factory() -> Any:
+        return SqliteStore(tmp_path / "local.db")
+
+    result = run(150, factory)
+    assert result["problems"] == []
+    assert result["completed"] + result["timed_out"] == 150
+
+
+def test_durable_host_on_a_memory_store(impl: Any) -> None:
+    """The claiming relays, the driver and the ledger work on memory stores too."""
+    from harel_store._demo import run
+    from harel_store._demo.durable import run_durable
+
+    result = run_durable(impl.DictStore(), where="memory:", n=400, seed=3)
+    assert result["problems"] == []
+    local = run(400, impl.DictStore, seed=3)
+    for key in ("completed", "timed_out", "executions", "notifications"):
+        assert result[key] == local[key]
+    assert result["redeliveries_skipped"] > 0 and result["duplicate_spawns_skipped"] > 0
+    assert not result["resumed"] and result["runs"] == 1
+
+
+class Crash(BaseException):
+    """The process dies here."""
+
+
+class CrashingStore:
+    """A store that dies at its ``at``-th commit, before or after the commit lands."""
+
+    def __init__(self, store: Any, at: int, landed: bool) -> None:
+        self._store = store
+        self._left = at
+        self._landed = landed
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def commit(self, *args: Any, **kwargs: Any) -> None:
+        self._left -= 1
+        if self._left == 0 and not self._landed:
+            raise Crash
+        self._store.commit(*args, **kwargs)
+        if self._left == 0:
+            raise Crash
+
+
+@pytest.mark.parametrize(
+    ("at", "landed"),
+    [(40, True), (900, False), (1700, True), (-1, True)],
+    ids=["admitting", "mid-run", "late", "checked"],
+)
+def test_resume_after_a_crash_at_any_commit(at: int, landed: bool, tmp_path: Path) -> None:
+    """Killed at a commit (before it lands, or after it landed and before the caller
+    heard of it), the run is finished by a resumed one from what the store holds. At
+    the last commit (-1), the one that records the run checked, the resumed run only
+    reports that and clears the store."""
+    from harel_store import DictStore
+    from harel_store._demo.durable import Refused, run_durable
+    from harel_store.sqlite import SqliteStore
+
+    n = 120
+    last = run_durable(DictStore(), where="memory:", n=n)["commits"]
+    assert at < last
+    path = tmp_path / "crash.db"
+    with SqliteStore(path) as store, pytest.raises(Crash):
+        run_durable(
+            CrashingStore(store, at if at > 0 else last, landed), where="crash.db", n=n, lease=0.05
+        )
+    with SqliteStore(path) as store:
+        with pytest.raises(Refused, match="add --resume"):
+            run_durable(store, where="crash.db")
+        result = run_durable(store, where="crash.db", resume=True, lease=0.05)
+        assert result["problems"] == []
+        assert result["resumed"] and result["runs"] == 2
+        if at == -1:
+            assert "completed" not in result
+        else:
+            assert result["completed"] + result["timed_out"] == n
+        assert set(store.stats().values()) == {0}

@@ -1,7 +1,7 @@
 """``PostgresStore``: the durable store for many processes on many machines, on psycopg 3.
 
-It needs the extra ``pip install 'harel-store[postgres]'`` (psycopg 3 and psycopg-pool),
-imported only when a store is made: ``import harel_store`` never needs psycopg.
+It needs the extra ``pip install 'harel-store[postgres]'`` (psycopg 3), imported only when
+a store is made: ``import harel_store`` never needs psycopg.
 
 Any number of store objects, in any processes and machines, may share one database (one
 store object is used by one thread, or one event loop, at a time). Each store keeps its
@@ -47,21 +47,21 @@ raced it. Loads, acks, claims, ``forget`` and ``stats`` are one statement each t
 (``now()``), so relays on machines with different clocks agree. **Wake-ups**: a commit
 that makes work calls ``pg_notify`` inside its own statement, so the notification is sent
 when the data is committed and never before; :meth:`PostgresStore.wait_for_work`
-``LISTEN``\\ s on a connection of its own, opened at its first call. Work committed
+uses ``LISTEN`` on a connection of its own, opened at its first call. Work committed
 before that is seen from the seq counters, read when the store opened and again after
 every (re)connection of the listener: a dropped connection can cost a spurious wake-up,
 never a missed one.
 
-**Connections** come from a pool (``pool_size`` at most, one kept open): psycopg-pool's
-``ConnectionPool`` for the sync store, :class:`_AsyncPool` for the async one. A
-connection is checked as it leaves the pool, without a round trip: a closed socket, or
-one the server wrote to while the connection was idle (a restart's "terminating
-connection"), gets it replaced. So after a server restart the next call reconnects;
-while the server is down a call raises :class:`~harel_store.StoreError` once ``timeout``
-has passed without a connection. Reads, acks and claims are retried once on a new
-connection when theirs fails mid-call; a commit is not (it may have been applied): it
-raises a ``StoreError`` that says so, and a retry with the same ``commit_id`` is
-recognised.
+**Connections** come from a pool of the store (:class:`_Pool`, :class:`_AsyncPool`):
+``pool_size`` at most, the one that opened the store kept open. A connection is checked
+as it leaves the pool, without a round trip: a closed socket, or one the server wrote to
+while the connection was idle (a restart's "terminating connection"), gets it replaced,
+and a new connection is made by the call that needs it. So the first call after a
+server restart reconnects; while the server is down a call tries again until
+``timeout``, then raises :class:`~harel_store.StoreError`. Reads, acks and claims are
+retried once on a new connection when theirs fails mid-call; a commit is not (it may
+have been applied): it raises a ``StoreError`` that says so, and a retry with the same
+``commit_id`` is recognised.
 
 **PgBouncer** in transaction mode does not keep a server connection's prepared
 statements across transactions (before PgBouncer 1.21 and its
@@ -76,7 +76,9 @@ import contextlib
 import hashlib
 import re
 import select
+import threading
 import time
+import weakref
 from collections.abc import Generator, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -161,14 +163,11 @@ def _closed() -> ValueError:
 
 
 def _import_psycopg() -> Any:
-    """psycopg and psycopg_pool, or an ``ImportError`` that names the extra."""
+    """psycopg, or an ``ImportError`` that names the extra."""
     try:
         import psycopg
-        import psycopg_pool  # noqa: F401
     except ImportError as exc:
-        raise ImportError(
-            f"harel_store.postgres needs psycopg 3 and psycopg-pool: {INSTALL} ({exc})"
-        ) from exc
+        raise ImportError(f"harel_store.postgres needs psycopg 3: {INSTALL} ({exc})") from exc
     return psycopg
 
 
@@ -176,20 +175,22 @@ def _import_psycopg() -> Any:
 
 
 def _ring(s: str, when: str) -> str:
-    """The parts of a ``WITH`` that append ``%(step)s`` to the ring of ``%(id)s`` and trim
-    it to ``%(keep)s`` steps (``NULL``: keep all), ``when`` the condition to append."""
+    """The parts of a ``WITH`` that append ``%(step)s`` (an array of no step or one) to
+    the ring of ``%(id)s`` and trim it to ``%(keep)s`` steps (``0``: keep all), ``when``
+    the condition to append."""
     return f"""
 ring AS (
     INSERT INTO {s}.trace_index AS ti (execution_id, next_index)
-    SELECT %(id)s, 1 WHERE %(step)s::bytea IS NOT NULL AND {when}
+    SELECT %(id)s, 1 WHERE cardinality(%(step)s::bytea[]) > 0 AND {when}
     ON CONFLICT (execution_id) DO UPDATE SET next_index = ti.next_index + 1
     RETURNING next_index
 ), step AS (
     INSERT INTO {s}.trace (execution_id, idx, step)
-    SELECT %(id)s, next_index - 1, %(step)s::bytea FROM ring
+    SELECT %(id)s, next_index - 1, (%(step)s::bytea[])[1] FROM ring
 ), trim AS (
     DELETE FROM {s}.trace AS tr USING ring
-    WHERE tr.execution_id = %(id)s AND tr.idx < ring.next_index - %(keep)s::bigint
+    WHERE %(keep)s::bigint > 0 AND tr.execution_id = %(id)s
+      AND tr.idx < ring.next_index - %(keep)s::bigint
 )"""
 
 
@@ -199,7 +200,6 @@ class _Sql:
     def __init__(self, schema: str) -> None:
         s = f'"{schema}"'
         self.schema = s
-        self.migrations = [tuple(sql.format(s=s) for sql in step) for step in MIGRATIONS]
         self.create_schema = f"CREATE SCHEMA {s}"
         self.version = f"SELECT version FROM {s}.{SCHEMA_TABLE}"
         self.set_version = f"UPDATE {s}.{SCHEMA_TABLE} SET version = %s"
@@ -210,19 +210,21 @@ class _Sql:
         self.commit = f"""
 WITH done AS (
     SELECT digest, version FROM {s}.commit_ids
-    WHERE execution_id = %(id)s AND commit_id = %(cid)s::text
+    WHERE execution_id = %(id)s AND commit_id = ANY (%(cid)s::text[])
 ), cur AS (
     SELECT version, epoch FROM {s}.executions WHERE id = %(id)s
 ), upd AS (
     UPDATE {s}.executions
-    SET version = %(new)s::bigint, body = %(body)s::bytea, epoch = coalesce(%(epoch)s::bigint, epoch)
+    SET version = %(new)s::bigint, body = %(body)s::bytea,
+        epoch = coalesce((%(epoch)s::bigint[])[1], epoch)
     WHERE id = %(id)s AND version = %(old)s::bigint
-      AND (epoch IS NULL OR %(epoch)s::bigint IS NULL OR epoch <= %(epoch)s::bigint)
+      AND (epoch IS NULL OR cardinality(%(epoch)s::bigint[]) = 0
+           OR epoch <= (%(epoch)s::bigint[])[1])
       AND NOT EXISTS (SELECT FROM done)
     RETURNING 1
 ), ins AS (
     INSERT INTO {s}.executions (id, version, epoch, body)
-    SELECT %(id)s, %(new)s::bigint, %(epoch)s::bigint, %(body)s::bytea
+    SELECT %(id)s, %(new)s::bigint, (%(epoch)s::bigint[])[1], %(body)s::bytea
     WHERE NOT EXISTS (SELECT FROM done) AND NOT EXISTS (SELECT FROM cur)
     ON CONFLICT (id) DO NOTHING
     RETURNING 1
@@ -234,7 +236,7 @@ WITH done AS (
     WHERE EXISTS (SELECT FROM ok) ORDER BY o
 ), mark AS (
     INSERT INTO {s}.processed (execution_id, event_id)
-    SELECT %(id)s, %(pev)s::text WHERE %(pev)s::text IS NOT NULL AND EXISTS (SELECT FROM ok)
+    SELECT %(id)s, e FROM unnest(%(pev)s::text[]) AS e WHERE EXISTS (SELECT FROM ok)
     ON CONFLICT DO NOTHING
 ), arm AS (
     INSERT INTO {s}.timers AS tm (execution_id, path, fire_at)
@@ -253,8 +255,9 @@ WITH done AS (
     WHERE EXISTS (SELECT FROM ok) ORDER BY o
 ), {_ring(s, "EXISTS (SELECT FROM ok)").strip()}, rec AS (
     INSERT INTO {s}.commit_ids (execution_id, commit_id, digest, version)
-    SELECT %(id)s, %(cid)s::text, %(digest)s::bytea, %(new)s::bigint
-    WHERE %(cid)s::text IS NOT NULL AND EXISTS (SELECT FROM ok)
+    SELECT %(id)s, c, d, %(new)s::bigint
+    FROM unnest(%(cid)s::text[], %(digest)s::bytea[]) AS u (c, d)
+    WHERE EXISTS (SELECT FROM ok)
 ), wake AS (
     SELECT pg_notify(%(channel)s, '') WHERE %(work)s AND EXISTS (SELECT FROM ok)
 )
@@ -263,8 +266,10 @@ SELECT EXISTS (SELECT FROM ok), (SELECT version FROM cur), (SELECT epoch FROM cu
         self.recheck = f"""
 SELECT (SELECT version FROM {s}.executions WHERE id = %(id)s),
     (SELECT epoch FROM {s}.executions WHERE id = %(id)s),
-    (SELECT digest FROM {s}.commit_ids WHERE execution_id = %(id)s AND commit_id = %(cid)s::text),
-    (SELECT version FROM {s}.commit_ids WHERE execution_id = %(id)s AND commit_id = %(cid)s::text)"""
+    (SELECT digest FROM {s}.commit_ids
+        WHERE execution_id = %(id)s AND commit_id = ANY (%(cid)s::text[])),
+    (SELECT version FROM {s}.commit_ids
+        WHERE execution_id = %(id)s AND commit_id = ANY (%(cid)s::text[]))"""
         self.record_trace = f"WITH {_ring(s, 'true').strip()} SELECT 1"
         self.load = f"SELECT version, body FROM {s}.executions WHERE id = %s"
         self.is_processed = (
@@ -462,7 +467,7 @@ class _Core:
         create or upgrade it under an advisory lock; read the seq marks."""
         sql = self.sql
         version = yield from self._schema_version()
-        if version != SCHEMA_VERSION:
+        if version != len(MIGRATIONS):
             yield _Query("BEGIN")
             # Serializes every store opening this schema while it is created or migrated.
             key = int.from_bytes(
@@ -475,9 +480,9 @@ class _Core:
             if version is None:
                 yield _Query(sql.create_schema)
                 version = 0
-            for step in range(version, SCHEMA_VERSION):
-                for statement in sql.migrations[step]:
-                    yield _Query(statement)
+            for step in range(version, len(MIGRATIONS)):
+                for statement in MIGRATIONS[step]:
+                    yield _Query(statement.format(s=sql.schema))
                 yield _Query(sql.set_version, (step + 1,))
             yield _Query("COMMIT")
         self.marks = tuple((yield _Query(sql.marks))[0])
@@ -503,10 +508,10 @@ class _Core:
                 f"{self.describe()}: the {SCHEMA_TABLE} table is damaged ({rows[:3]!r})"
             )
         version: int = rows[0][0]
-        if version > SCHEMA_VERSION:
+        if version > len(MIGRATIONS):
             raise StoreError(
                 f"{self.describe()} has harel_store schema version {version}, newer than "
-                f"this harel_store's ({SCHEMA_VERSION}): upgrade harel_store to open it; "
+                f"this harel_store's ({len(MIGRATIONS)}): upgrade harel_store to open it; "
                 "nothing was changed"
             )
         return version
@@ -557,46 +562,55 @@ class _Core:
         # TypeError naming it, and nothing is written.
         blob = _pack(self._encode_exe(exe, eid))
         encode = self._encode
-        targets = []
-        events = []
+        targets = _Texts()
+        events = _Blobs()
         for i, (target, event) in enumerate(body.emits):
             targets.append(target)
             events.append(_pack(encode(event, "the event of emits", i)))
-        children = []
-        roots = []
-        contexts = []
+        children = _Texts()
+        roots = _Blobs()
+        contexts = _Blobs()
         for i, (child_id, root_path, context) in enumerate(body.spawns):
             children.append(child_id)
             roots.append(_pack(encode(root_path, "the root_path of spawns", i)))
             contexts.append(_pack(encode(context, "the context of spawns", i)))
-        step = None if body.trace is None else _pack(encode(body.trace, "the trace step"))
-        digest = None if commit_id is None else self._digest(body, commit_id)
+        step = _Blobs()
+        if body.trace is not None:
+            step.append(_pack(encode(body.trace, "the trace step")))
+        cid = _Texts()
+        digest = _Blobs()
+        if commit_id is not None:
+            cid.append(commit_id)
+            digest.append(self._digest(body, commit_id))
         # The last op on a path decides its final state; one statement writes each row once.
         final: dict[str, float | None] = {}
         for action, path, fire_at in body.timers:
             final.pop(path, None)
             final[path] = fire_at if action == "schedule" else None
-        arm = [path for path, at in final.items() if at is not None]
-        keep = self.trace_max or None
+        arm = _Texts(path for path, at in final.items() if at is not None)
+        # Every parameter has one type whatever its value (an optional one is an array
+        # of none or one): one prepared statement per connection (see _adapt).
         params = {
             "id": eid,
             "old": version,
             "new": version + 1,
-            "epoch": epoch,
+            "epoch": _Ints() if epoch is None else _Ints([epoch]),
             "body": blob,
-            "cid": commit_id,
+            "cid": cid,
             "digest": digest,
             "targets": targets,
             "events": events,
-            "pev": body.processed_event_id,
+            "pev": _Texts()
+            if body.processed_event_id is None
+            else _Texts([body.processed_event_id]),
             "arm": arm,
-            "at": [final[path] for path in arm],
-            "disarm": [path for path, at in final.items() if at is None],
+            "at": _Floats(final[path] for path in arm),
+            "disarm": _Texts(path for path, at in final.items() if at is None),
             "children": children,
             "roots": roots,
             "contexts": contexts,
             "step": step,
-            "keep": keep,
+            "keep": self.trace_max or 0,
             "channel": self.channel,
             "work": bool(events or children or arm),
         }
@@ -604,7 +618,7 @@ class _Core:
         if rows is not _UNIQUE:
             ok, found, found_epoch, done, done_version = rows[0][:5]
             if done is not None:
-                return self._replayed(exe, eid, commit_id, digest, done, done_version)
+                return self._replayed(exe, eid, commit_id, digest[0], done, done_version)
             if ok:
                 _checks.set_version(exe, version + 1)
                 return None
@@ -616,10 +630,10 @@ class _Core:
         # Refused by a writer the statement did not see (a concurrent first write, or an
         # update after its snapshot), or a unique violation on the commit id: another
         # try of this very commit may have landed. Look again.
-        rows = yield _Query(self.sql.recheck, {"id": eid, "cid": commit_id})
+        rows = yield _Query(self.sql.recheck, {"id": eid, "cid": cid})
         found, found_epoch, done, done_version = rows[0]
         if done is not None:
-            return self._replayed(exe, eid, commit_id, digest, done, done_version)
+            return self._replayed(exe, eid, commit_id, digest[0], done, done_version)
         if epoch is not None and found_epoch is not None and found_epoch > epoch:
             raise StaleWriter(eid, epoch, found_epoch)
         raise StoreConflict(eid, version, found)
@@ -686,8 +700,8 @@ class _Core:
         _checks.str_id(execution_id, "execution_id")
         params = {
             "id": execution_id,
-            "step": _pack(self._encode(step, "the trace entry")),
-            "keep": self.trace_max or None,
+            "step": _Blobs([_pack(self._encode(step, "the trace entry"))]),
+            "keep": self.trace_max or 0,
         }
         yield _Query(self.sql.record_trace, params, True)
 
@@ -791,12 +805,47 @@ def _connect_kwargs(core: _Core) -> dict[str, Any]:
     return kwargs
 
 
-def _adapt(conn: Any) -> None:
-    """Every int goes as a bigint: one prepared statement per query, not one per size."""
-    from psycopg.types.numeric import Int8BinaryDumper, Int8Dumper
+class _Texts(list):  # type: ignore[type-arg]
+    """A ``text[]`` parameter, typed even when empty (see :func:`_adapt`)."""
 
-    conn.adapters.register_dumper(int, Int8Dumper)
-    conn.adapters.register_dumper(int, Int8BinaryDumper)
+
+class _Blobs(list):  # type: ignore[type-arg]
+    """A ``bytea[]`` parameter."""
+
+
+class _Floats(list):  # type: ignore[type-arg]
+    """A ``float8[]`` parameter."""
+
+
+class _Ints(list):  # type: ignore[type-arg]
+    """A ``bigint[]`` parameter."""
+
+
+_ARRAYS = {_Texts: "text", _Blobs: "bytea", _Floats: "float8", _Ints: "int8"}
+_DUMPERS: list[tuple[type, type]] = []
+
+
+def _adapt(conn: Any) -> None:
+    """Give each parameter one type whatever its value, so a query is prepared once per
+    connection (psycopg prepares a query anew for each set of parameter types): every
+    int a bigint, not one of int2/int4/int8 by its size; each array its element type,
+    not "unknown" when it is empty."""
+    if not _DUMPERS:
+        from psycopg.postgres import types
+        from psycopg.types.array import ListBinaryDumper
+        from psycopg.types.numeric import Int8BinaryDumper, Int8Dumper
+
+        _DUMPERS[:] = [(int, Int8Dumper), (int, Int8BinaryDumper)]
+        for cls, name in _ARRAYS.items():
+            info = types[name]
+            dumper = type(
+                f"{cls.__name__}Dumper",
+                (ListBinaryDumper,),
+                {"oid": info.array_oid, "element_oid": info.oid},
+            )
+            _DUMPERS.append((cls, dumper))
+    for cls, dumper in _DUMPERS:
+        conn.adapters.register_dumper(cls, dumper)
 
 
 def _idle_alive(conn: Any) -> None:
@@ -894,23 +943,17 @@ def _after_error(conn: Any, exc: BaseException) -> None:
 
 
 def _clear(exc: BaseException) -> BaseException:
-    """A ``ValueError`` for a text PostgreSQL cannot hold (psycopg refuses it before
-    sending anything); any other error as it is."""
+    """A ``ValueError`` for a text PostgreSQL cannot hold (refused by psycopg before it
+    sends anything, or by the server for an array: either way nothing is written); any
+    other error as it is."""
     from psycopg import DataError
 
-    if isinstance(exc, DataError) and "NUL" in str(exc):
+    if isinstance(exc, DataError) and ("NUL" in str(exc) or "0x00" in str(exc)):
         return ValueError(f"PostgreSQL text cannot hold NUL characters (0x00): {exc}")
     return exc
 
 
 def _lost(core: _Core, name: str, exc: BaseException, applied_unknown: bool) -> StoreError:
-    from psycopg_pool import PoolTimeout
-
-    if isinstance(exc, PoolTimeout):
-        return StoreError(
-            f"no connection to PostgreSQL ({core.describe()}) within {core.timeout:g} s "
-            f"for {name}(): {exc}"
-        )
     if applied_unknown:
         return StoreError(
             f"the connection to PostgreSQL ({core.describe()}) failed during {name}(); "
@@ -922,6 +965,271 @@ def _lost(core: _Core, name: str, exc: BaseException, applied_unknown: bool) -> 
 
 def _cannot_open(core: _Core, exc: BaseException) -> StoreError:
     return StoreError(f"cannot open the PostgreSQL store {core.describe()}: {exc}")
+
+
+class _Pool:
+    """The sync store's connections: at most ``pool_size``, kept open between calls and
+    checked without a round trip as they are taken (:func:`_idle_alive`); a new one is
+    made in the calling thread when none is idle, trying again until ``timeout`` while
+    the server cannot be reached, so the first call after a restart reconnects. (psycopg-
+    pool reconnects in the background, with a back-off that can keep calls waiting for
+    seconds after the server is back.)"""
+
+    __slots__ = ("_core", "_freed", "_idle", "_open", "closed", "listener")
+
+    def __init__(self, core: _Core) -> None:
+        self._core = core
+        self._idle: list[Any] = []
+        self._open = 0  # connections made and not closed: idle or in use
+        self._freed = threading.Condition(threading.Lock())
+        self.closed = False
+        self.listener: Any = None  # wait_for_work's connection, outside the count
+
+    def adopt(self, conn: Any) -> None:
+        """Keep ``conn`` (opened by the store) as an idle connection."""
+        with self._freed:
+            self._open += 1
+            self._idle.append(conn)
+
+    def get(self) -> Any:
+        """An idle connection, or a new one; raises ``StoreError`` when none comes
+        within the store's ``timeout``."""
+        from psycopg import OperationalError
+
+        core = self._core
+        deadline = time.monotonic() + core.timeout
+        while True:
+            with self._freed:
+                if self.closed:
+                    raise _closed()
+                conn = self._idle.pop() if self._idle else None
+                if conn is None:
+                    if self._open < core.pool_size:
+                        self._open += 1
+                        break
+                    left = deadline - time.monotonic()
+                    if left <= 0.0:
+                        raise StoreError(
+                            f"no connection to PostgreSQL ({core.describe()}) within "
+                            f"{core.timeout:g} s: all {core.pool_size} of pool_size are in use"
+                        )
+                    self._freed.wait(left)
+                    continue
+            try:
+                _idle_alive(conn)
+            except OperationalError:
+                self._discard(conn)
+                continue
+            return conn
+        try:
+            return self._connect(deadline)
+        except BaseException:
+            self._discard(None)
+            raise
+
+    def put(self, conn: Any) -> None:
+        """Take back a connection from :meth:`get`: kept when it is idle and sound."""
+        from psycopg import pq
+
+        broken = conn.closed or conn.pgconn.status != pq.ConnStatus.OK
+        with self._freed:
+            if not (self.closed or broken or _in_transaction(conn)):
+                self._idle.append(conn)
+                self._freed.notify()
+                return
+        self._discard(conn)
+
+    def close(self) -> None:
+        """Close every connection (one in use, when it comes back); idempotent."""
+        with self._freed:
+            self.closed = True
+            idle, self._idle = self._idle, []
+            self._freed.notify_all()
+        for conn in idle:
+            self._discard(conn)
+        self.drop_listener()
+
+    def drop_listener(self) -> None:
+        conn, self.listener = self.listener, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def _connect(self, deadline: float) -> Any:
+        """A new connection, trying again until ``deadline`` while the server cannot be
+        reached."""
+        import psycopg
+
+        core = self._core
+        pause = _RECONNECT_FIRST
+        while True:
+            try:
+                conn = psycopg.Connection.connect(core.conninfo, **_connect_kwargs(core))
+            except psycopg.OperationalError as exc:
+                if deadline - time.monotonic() <= pause:
+                    raise StoreError(
+                        f"no connection to PostgreSQL ({core.describe()}) within "
+                        f"{core.timeout:g} s: {exc}"
+                    ) from exc
+                time.sleep(pause)
+                pause = min(pause * 2.0, _RECONNECT_MAX)
+            else:
+                _adapt(conn)
+                return conn
+
+    def _discard(self, conn: Any) -> None:
+        """Close a connection that leaves the pool (``None``: one that was never made)."""
+        with self._freed:
+            self._open -= 1
+            self._freed.notify()
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+class _AsyncPool:
+    """:class:`_Pool` for the async store, on psycopg's async connections. It runs no
+    task of its own, so it serves whichever event loop is running (psycopg-pool's
+    ``AsyncConnectionPool`` keeps worker tasks on the loop that opened it: they end with
+    that loop, leaving a store used under a later ``asyncio.run`` without them, and they
+    hold up the loop's shutdown while they connect)."""
+
+    __slots__ = ("_core", "_idle", "_open", "_waiters", "closed", "listener", "recorder")
+
+    def __init__(self, core: _Core) -> None:
+        self._core = core
+        self._idle: list[Any] = []
+        self._open = 0  # connections made and not closed: idle or in use
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self.closed = False
+        self.listener: Any = None  # wait_for_work's connection, outside the count
+        self.recorder: Any = None  # _record_trace's sync connection
+
+    def adopt(self, conn: Any) -> None:
+        """Keep ``conn`` (opened by the store) as an idle connection."""
+        self._open += 1
+        self._idle.append(conn)
+
+    async def get(self) -> Any:
+        """An idle connection, or a new one; raises ``StoreError`` when none comes
+        within the store's ``timeout``."""
+        from psycopg import OperationalError
+
+        core = self._core
+        deadline = time.monotonic() + core.timeout
+        while True:
+            if self.closed:
+                raise _closed()
+            while self._idle:
+                conn = self._idle.pop()
+                try:
+                    _idle_alive(conn)
+                except OperationalError:
+                    await self._close(conn)
+                    continue
+                return conn
+            if self._open < core.pool_size:
+                self._open += 1
+                try:
+                    return await self._connect(deadline)
+                except BaseException:
+                    self._open -= 1
+                    self._wake()
+                    raise
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await asyncio.wait_for(waiter, max(deadline - time.monotonic(), 0.0))
+            except asyncio.TimeoutError:
+                raise StoreError(
+                    f"no connection to PostgreSQL ({core.describe()}) within {core.timeout:g} s: "
+                    f"all {core.pool_size} of pool_size are in use"
+                ) from None
+            finally:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+
+    async def put(self, conn: Any) -> None:
+        """Take back a connection from :meth:`get`: kept when it is idle and sound."""
+        from psycopg import pq
+
+        broken = conn.closed or conn.pgconn.status != pq.ConnStatus.OK
+        if self.closed or broken or _in_transaction(conn):  # (cancelled mid-statement)
+            await self._close(conn)
+        else:
+            self._idle.append(conn)
+        self._wake()
+
+    async def close(self) -> None:
+        """Close every connection (one in use, when it comes back); idempotent."""
+        self.closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await self._close(conn)
+        await self.drop_listener()
+        self._close_recorder()
+        self._wake(every=True)
+
+    def close_now(self) -> None:
+        """:meth:`close` without an event loop, for a store collected unclosed: closing
+        an idle psycopg async connection awaits nothing, so its coroutine is run here."""
+        self.closed = True
+        idle, self._idle = self._idle, []
+        listener, self.listener = self.listener, None
+        for conn in [*idle, listener]:
+            if conn is not None:
+                closing = conn.close()
+                with contextlib.suppress(BaseException):
+                    closing.send(None)
+                closing.close()
+        self._close_recorder()
+
+    async def drop_listener(self) -> None:
+        conn, self.listener = self.listener, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    def _close_recorder(self) -> None:
+        conn, self.recorder = self.recorder, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    async def _connect(self, deadline: float) -> Any:
+        """A new connection, trying again until ``deadline`` while the server cannot be
+        reached."""
+        import psycopg
+
+        core = self._core
+        pause = _RECONNECT_FIRST
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(core.conninfo, **_connect_kwargs(core))
+            except psycopg.OperationalError as exc:
+                left = deadline - time.monotonic()
+                if left <= pause:
+                    raise StoreError(
+                        f"no connection to PostgreSQL ({core.describe()}) within "
+                        f"{core.timeout:g} s: {exc}"
+                    ) from exc
+                await asyncio.sleep(pause)
+                pause = min(pause * 2.0, _RECONNECT_MAX)
+            else:
+                _adapt(conn)
+                return conn
+
+    async def _close(self, conn: Any) -> None:
+        self._open -= 1
+        with contextlib.suppress(Exception):
+            await conn.close()
+
+    def _wake(self, every: bool = False) -> None:
+        for waiter in list(self._waiters):
+            if not waiter.done() and not waiter.get_loop().is_closed():
+                waiter.set_result(None)
+                if not every:
+                    return
 
 
 # Operations that write what a retry could write twice; the others are retried once on a
@@ -948,7 +1256,7 @@ class PostgresStore:
     preserves_identity = False
     durable = True
 
-    __slots__ = ("__weakref__", "_core", "_listener", "_pool")
+    __slots__ = ("__weakref__", "_core", "_pool")
 
     def __init__(
         self,
@@ -961,46 +1269,32 @@ class PostgresStore:
         prepare: bool = True,
         timeout: float = 30.0,
     ) -> None:
-        self._pool: Any = None
-        self._listener: Any = None
+        self._pool: _Pool | None = None
         psycopg = _import_psycopg()
-        from psycopg_pool import ConnectionPool
-
         core = self._core = _Core(conninfo, trace_max, codec, schema, pool_size, prepare, timeout)
-        kwargs = _connect_kwargs(core)
         try:
-            conn = psycopg.Connection.connect(core.conninfo, **kwargs)
+            conn = psycopg.Connection.connect(core.conninfo, **_connect_kwargs(core))
         except psycopg.Error as exc:
             raise _cannot_open(core, exc) from exc
         try:
             _adapt(conn)
             op = core.open()
             _run_on(conn, op, next(op))
-        except psycopg.Error as exc:
-            raise _cannot_open(core, exc) from exc
-        finally:
+        except BaseException as exc:
             conn.close()
-        self._pool = ConnectionPool(
-            core.conninfo,
-            kwargs=kwargs,
-            min_size=1,
-            max_size=core.pool_size,
-            open=False,
-            configure=_adapt,
-            check=_idle_alive,
-            timeout=core.timeout,
-            num_workers=1,
-            name=f"harel_store.{core.schema}",
-        )
-        self._pool.open(wait=False)
+            if isinstance(exc, psycopg.Error):
+                raise _cannot_open(core, exc) from exc
+            raise
+        pool = self._pool = _Pool(core)
+        pool.adopt(conn)  # the connection that opened the store serves its calls
+        weakref.finalize(self, pool.close)
 
     def __repr__(self) -> str:
-        state = "closed" if self._pool is None else "open"
+        state = "closed" if self._pool is None or self._pool.closed else "open"
         return f"<{type(self).__name__} {self._core.describe()} {state}>"
 
     def __enter__(self) -> Self:
-        if self._pool is None:
-            raise _closed()
+        self._open_pool()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -1140,10 +1434,9 @@ class PostgresStore:
         spawn entries or armed a timer since this object was opened or since its previous
         ``wait_for_work`` returned; ``False`` after ``timeout`` seconds without one.
 
-        It ``LISTEN``\\ s on a connection of its own, opened at the first call and
+        It uses ``LISTEN`` on a connection of its own, opened at the first call and
         reopened when it drops (until ``timeout``: then :class:`StoreError`)."""
-        if self._pool is None:
-            raise _closed()
+        pool = self._open_pool()
         import psycopg
 
         timeout = _checks.as_timeout(timeout)
@@ -1151,19 +1444,23 @@ class PostgresStore:
         pause = _RECONNECT_FIRST
         while True:
             try:
-                if self._listener is None and self._listen():
+                if pool.listener is None and self._listen(pool):
                     return True
+                # A round trip: the notifications of every commit that returned before
+                # this call arrive before its reply (see _listen).
+                pool.listener.execute("")
                 left = deadline - time.monotonic()
-                for _ in self._listener.notifies(
+                waiting = pool.listener.notifies(
                     timeout=None if left == float("inf") else max(left, 0.0), stop_after=1
-                ):
-                    # Later notifications of work committed before now are this wake-up's.
-                    for _ in self._listener.notifies(timeout=0.0):
+                )
+                with contextlib.closing(waiting):  # it holds the connection's lock
+                    woken = next(waiting, None) is not None
+                if woken:  # later notifications of work committed by now are this wake-up's
+                    for _ in pool.listener.notifies(timeout=0.0):
                         pass
-                    return True
-                return False
+                return woken
             except psycopg.OperationalError as exc:
-                self._drop_listener()
+                pool.drop_listener()
                 left = deadline - time.monotonic()
                 if left <= 0.0:
                     raise StoreError(
@@ -1176,10 +1473,8 @@ class PostgresStore:
     def close(self) -> None:
         """Close the connections; a second close does nothing. Every other method of a
         closed store raises ``ValueError``."""
-        pool, self._pool = self._pool, None
-        self._drop_listener()
-        if pool is not None:
-            pool.close()
+        if self._pool is not None:
+            self._pool.close()
 
     def _record_trace(self, execution_id: str, entry: Mapping[str, Any]) -> None:
         self._run("record_trace", execution_id, entry)
@@ -1190,8 +1485,7 @@ class PostgresStore:
         """Run the core's operation ``name`` on a connection of the pool."""
         from psycopg import OperationalError
 
-        if self._pool is None:
-            raise _closed()
+        self._open_pool()
         method = getattr(self._core, name)
         tries = 1 if name in _NO_RETRY else 2
         for attempt in range(tries):
@@ -1200,20 +1494,31 @@ class PostgresStore:
                 query = next(op)
             except StopIteration as stop:
                 return stop.value
-            pool = self._pool
-            if pool is None:
-                raise _closed()
+            pool = self._open_pool()
+            conn = pool.get()
             try:
-                with pool.connection() as conn:
-                    return _run_on(conn, op, query)
+                return _run_on(conn, op, query)
             except OperationalError as exc:
                 op.close()
-                if attempt + 1 == tries or _is_timeout(exc):
+                if attempt + 1 == tries:
                     raise _lost(self._core, name, exc, name in _NO_RETRY) from exc
+            finally:
+                pool.put(conn)
         raise AssertionError("unreachable")
 
-    def _listen(self) -> bool:
-        """Open the listening connection; whether any seq moved since the marks."""
+    def _open_pool(self) -> _Pool:
+        pool = self._pool
+        if pool is None or pool.closed:
+            raise _closed()
+        return pool
+
+    def _listen(self, pool: _Pool) -> bool:
+        """Open the listening connection; whether any seq moved since the marks.
+
+        A listening session is sent the notifications of the transactions that
+        committed after its ``LISTEN``: while it is idle, or at the latest before the
+        reply to its next statement (psycopg keeps those for ``notifies()``). The marks,
+        read after the ``LISTEN``, cover what committed before it."""
         import psycopg
 
         core = self._core
@@ -1224,136 +1529,8 @@ class PostgresStore:
         except BaseException:
             conn.close()
             raise
-        self._listener = conn
+        pool.listener = conn
         return core.marks_moved(marks)
-
-    def _drop_listener(self) -> None:
-        conn, self._listener = self._listener, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
-
-
-def _is_timeout(exc: BaseException) -> bool:
-    from psycopg_pool import PoolTimeout
-
-    return isinstance(exc, PoolTimeout)
-
-
-class _AsyncPool:
-    """The async store's connections: psycopg async connections kept open between calls
-    (``pool_size`` at most), checked without a round trip as they are taken (see
-    :func:`_idle_alive`). It runs no task of its own, so it serves whichever event loop
-    is running: psycopg-pool's ``AsyncConnectionPool`` keeps worker tasks on the loop
-    that opened it, which end with that loop (a store used under one ``asyncio.run``
-    after another would be left without them) and hold up its shutdown while they
-    connect."""
-
-    __slots__ = ("_core", "_idle", "_open", "_waiters", "closed")
-
-    def __init__(self, core: _Core) -> None:
-        self._core = core
-        self._idle: list[Any] = []
-        self._open = 0  # connections made and not closed: idle or in use
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self.closed = False
-
-    def adopt(self, conn: Any) -> None:
-        """Keep ``conn`` (opened by the store) as an idle connection."""
-        self._open += 1
-        self._idle.append(conn)
-
-    async def get(self) -> Any:
-        """An idle connection, or a new one; raises ``StoreError`` when none comes
-        within the store's ``timeout``."""
-        from psycopg import OperationalError
-
-        core = self._core
-        deadline = time.monotonic() + core.timeout
-        while True:
-            if self.closed:
-                raise _closed()
-            while self._idle:
-                conn = self._idle.pop()
-                try:
-                    _idle_alive(conn)
-                except OperationalError:
-                    await self._close(conn)
-                    continue
-                return conn
-            if self._open < core.pool_size:
-                self._open += 1
-                try:
-                    return await self._connect(deadline)
-                except BaseException:
-                    self._open -= 1
-                    self._wake()
-                    raise
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
-            try:
-                await asyncio.wait_for(waiter, max(deadline - time.monotonic(), 0.0))
-            except asyncio.TimeoutError:
-                raise StoreError(
-                    f"no connection to PostgreSQL ({core.describe()}) within {core.timeout:g} s: "
-                    f"all {core.pool_size} of pool_size are in use"
-                ) from None
-            finally:
-                with contextlib.suppress(ValueError):
-                    self._waiters.remove(waiter)
-
-    async def put(self, conn: Any) -> None:
-        """Take back a connection from :meth:`get`: kept when it is idle and sound."""
-        from psycopg import pq
-
-        broken = conn.closed or conn.pgconn.status != pq.ConnStatus.OK
-        if self.closed or broken or _in_transaction(conn):  # (cancelled mid-statement)
-            await self._close(conn)
-        else:
-            self._idle.append(conn)
-        self._wake()
-
-    async def close(self) -> None:
-        self.closed = True
-        idle, self._idle = self._idle, []
-        for conn in idle:
-            await self._close(conn)
-        self._wake(every=True)
-
-    async def _connect(self, deadline: float) -> Any:
-        """A new connection, trying again until ``deadline`` while the server cannot be
-        reached."""
-        import psycopg
-
-        core = self._core
-        pause = _RECONNECT_FIRST
-        while True:
-            try:
-                conn = await psycopg.AsyncConnection.connect(core.conninfo, **_connect_kwargs(core))
-            except psycopg.OperationalError as exc:
-                left = deadline - time.monotonic()
-                if left <= pause:
-                    raise StoreError(
-                        f"no connection to PostgreSQL ({core.describe()}) within "
-                        f"{core.timeout:g} s: {exc}"
-                    ) from exc
-                await asyncio.sleep(pause)
-                pause = min(pause * 2.0, _RECONNECT_MAX)
-            else:
-                _adapt(conn)
-                return conn
-
-    async def _close(self, conn: Any) -> None:
-        self._open -= 1
-        with contextlib.suppress(Exception):
-            await conn.close()
-
-    def _wake(self, every: bool = False) -> None:
-        for waiter in list(self._waiters):
-            if not waiter.done() and not waiter.get_loop().is_closed():
-                waiter.set_result(None)
-                if not every:
-                    return
 
 
 class AsyncPostgresStore:
@@ -1389,8 +1566,7 @@ class AsyncPostgresStore:
         self._core = _Core(conninfo, trace_max, codec, schema, pool_size, prepare, timeout)
         self._pool = _AsyncPool(self._core)
         self._opened = False
-        self._listener: Any = None
-        self._recorder: Any = None
+        weakref.finalize(self, self._pool.close_now)
         self._closed = False
 
     def __repr__(self) -> str:
@@ -1499,18 +1675,21 @@ class AsyncPostgresStore:
         pause = _RECONNECT_FIRST
         while True:
             try:
-                if self._listener is None and await self._listen():
+                if self._pool.listener is None and await self._listen():
                     return True
+                await self._pool.listener.execute("")  # see PostgresStore.wait_for_work
                 left = deadline - time.monotonic()
-                async for _ in self._listener.notifies(
+                waiting = self._pool.listener.notifies(
                     timeout=None if left == float("inf") else max(left, 0.0), stop_after=1
-                ):
-                    async for _ in self._listener.notifies(timeout=0.0):
+                )
+                async with contextlib.aclosing(waiting):
+                    woken = await anext(waiting, None) is not None
+                if woken:
+                    async for _ in self._pool.listener.notifies(timeout=0.0):
                         pass
-                    return True
-                return False
+                return woken
             except psycopg.OperationalError as exc:
-                await self._drop_listener()
+                await self._pool.drop_listener()
                 left = deadline - time.monotonic()
                 if left <= 0.0:
                     raise StoreError(
@@ -1526,10 +1705,6 @@ class AsyncPostgresStore:
         if self._closed:
             return
         self._closed = True
-        await self._drop_listener()
-        recorder, self._recorder = self._recorder, None
-        if recorder is not None:
-            recorder.close()
         await self._pool.close()
 
     def _record_trace(self, execution_id: str, entry: Mapping[str, Any]) -> None:
@@ -1541,7 +1716,8 @@ class AsyncPostgresStore:
 
         op = self._core.record_trace(execution_id, entry)
         query = next(op)
-        if self._recorder is None:
+        pool = self._pool
+        if pool.recorder is None:
             try:
                 conn = psycopg.Connection.connect(
                     self._core.conninfo, **_connect_kwargs(self._core)
@@ -1549,12 +1725,11 @@ class AsyncPostgresStore:
             except psycopg.OperationalError as exc:
                 raise _lost(self._core, "_record_trace", exc, False) from exc
             _adapt(conn)
-            self._recorder = conn
+            pool.recorder = conn
         try:
-            _run_on(self._recorder, op, query)
+            _run_on(pool.recorder, op, query)
         except psycopg.OperationalError as exc:
-            recorder, self._recorder = self._recorder, None
-            recorder.close()
+            pool._close_recorder()
             raise _lost(self._core, "_record_trace", exc, True) from exc
 
     # --- helpers -----------------------------------------------------------------------
@@ -1624,11 +1799,5 @@ class AsyncPostgresStore:
         except BaseException:
             await conn.close()
             raise
-        self._listener = conn
+        self._pool.listener = conn
         return core.marks_moved(marks)
-
-    async def _drop_listener(self) -> None:
-        conn, self._listener = self._listener, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                await conn.close()

@@ -1,0 +1,1357 @@
+"""What only the PostgreSQL store has (issue 13): one round trip per commit, counted on the
+wire and on the server; schemas that keep stores apart, created under an advisory lock
+and versioned; processes that kill, race, claim and wake each other; a server restarted
+under a running store; the async twin on any event loop; and the extra it needs.
+
+The contract every store keeps runs on PostgreSQL through the "postgres" and
+"postgres-async" kinds of ``conftest.py`` (``tests/test_protocol.py``). The server is the
+session's ``pg_server`` (``tests/_pg.py``); each test works in a schema of its own
+(``pg_schema``). Children are fresh ``python`` processes running the store from this
+checkout; a child that meets any error exits non-zero and the test shows its stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import harel_store
+from harel_store import Execution, OutboxEntry, StoreConflict, StoreError, TimerOp
+from harel_store._codec import JsonCodec
+
+psycopg = pytest.importorskip("psycopg")
+postgres = pytest.importorskip("harel_store.postgres")
+PostgresStore = postgres.PostgresStore
+AsyncPostgresStore = postgres.AsyncPostgresStore
+
+ROOT = str(Path(harel_store.__file__).resolve().parent.parent)
+
+
+@pytest.fixture
+def url(pg_server: Any) -> str:
+    return pg_server.url  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def opened(url: str, pg_schema: str) -> Iterator[Callable[..., Any]]:
+    """Open store objects on the test's schema; all are closed after the test."""
+    made: list[Any] = []
+
+    def open_(**options: Any) -> Any:
+        options.setdefault("schema", pg_schema)
+        store = PostgresStore(options.pop("url", url), **options)
+        made.append(store)
+        return store
+
+    yield open_
+    for store in made:
+        store.close()
+
+
+def sql(url: str, statement: str, params: Any = None) -> list[Any]:
+    """Run one statement on a connection of its own; its rows (or ``[]``)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        cur = conn.execute(statement, params)
+        return cur.fetchall() if cur.description else []
+
+
+@contextlib.contextmanager
+def pool_connection(store: Any) -> Iterator[Any]:
+    """A connection of the store's pool (the one its calls ran on)."""
+    conn = store._pool.get()
+    try:
+        yield conn
+    finally:
+        store._pool.put(conn)
+
+
+def typical(store: Any, exe: Any, k: int, **extra: Any) -> None:
+    """A typical commit: the execution, 2 emits, a mark, a timer, a spawn, a trace step."""
+    store.commit(
+        exe,
+        [("billing", {"k": k}), (None, f"all-{k}")],
+        f"in-{k}",
+        [TimerOp("schedule", "timeout", 1000.0 + k)],
+        [(f"child-{k}", ("root", k), {"k": k})],
+        {"k": k},
+        **extra,
+    )
+
+
+# --- one round trip per commit ------------------------------------------------------------
+
+
+class WireCounter:
+    """A TCP proxy between the store and the server that counts the protocol messages
+    going each way: ``"Z"`` (ReadyForQuery: one per round trip of a client that does not
+    pipeline; the one that ends a connection's startup is counted as ``"connections"``), ``"Z:T"`` (a ReadyForQuery inside an open transaction block), ``"E"``
+    (Execute), ``"P"`` (Parse), ``"Q"`` (a simple query). Messages are counted before
+    they are forwarded, so a call that returned has been counted whole."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._target = (host, port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._sockets: list[socket.socket] = [self._listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def snapshot(self) -> Counter[str]:
+        with self._lock:
+            return Counter(self.counts)
+
+    def close(self) -> None:
+        for sock in self._sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self._target)
+            self._sockets += [client, server]
+            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, from_client: bool) -> None:
+        buffer = b""
+        started = not from_client  # the client's first message (startup) has no type byte
+        ready = False
+        try:
+            while data := src.recv(65536):
+                buffer += data
+                while True:
+                    if not started:
+                        if len(buffer) < 4:
+                            break
+                        size = int.from_bytes(buffer[:4], "big")
+                        if len(buffer) < size:
+                            break
+                        buffer, started = buffer[size:], True
+                        continue
+                    if len(buffer) < 5:
+                        break
+                    size = int.from_bytes(buffer[1:5], "big") + 1
+                    if len(buffer) < size:
+                        break
+                    kind = chr(buffer[0])
+                    with self._lock:
+                        if from_client and kind in "EPQS":
+                            self.counts[kind] += 1
+                        elif not from_client and kind == "Z" and not ready:
+                            ready = True  # the end of the startup: a new connection
+                            self.counts["connections"] += 1
+                        elif not from_client and kind == "Z":
+                            self.counts["Z"] += 1
+                            if buffer[5:6] != b"I":
+                                self.counts["Z:T"] += 1
+                    buffer = buffer[size:]
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+@pytest.fixture
+def wire(url: str) -> Iterator[tuple[WireCounter, str]]:
+    """A counting proxy, and the URL that reaches the server through it."""
+    parts = psycopg.conninfo.conninfo_to_dict(url)
+    counter = WireCounter(parts.get("host") or "127.0.0.1", int(parts.get("port") or 5432))
+    proxied = psycopg.conninfo.make_conninfo(
+        url, host="127.0.0.1", port=counter.port, sslmode="disable", gssencmode="disable"
+    )
+    yield counter, proxied
+    counter.close()
+
+
+def server_calls(url: str, schema: str) -> int | None:
+    """Statements run on the schema's tables, as pg_stat_statements counts them (``None``
+    when the server does not load it)."""
+    try:
+        sql(url, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        rows = sql(
+            url,
+            "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query LIKE %s",
+            (f'%"{schema}".%',),
+        )
+    except psycopg.Error:
+        return None
+    return int(rows[0][0])
+
+
+def test_a_typical_commit_is_one_round_trip_and_one_statement(
+    opened: Callable[..., Any], wire: tuple[WireCounter, str], url: str, pg_schema: str
+) -> None:
+    counter, proxied = wire
+    store = opened(url=proxied)
+    exe = Execution(id="e1", context={"n": 0})
+    for k in range(3):  # the first commit also prepares the statement
+        typical(store, exe, k)
+    before, calls = counter.snapshot(), server_calls(url, pg_schema)
+    n = 25
+    for k in range(3, 3 + n):
+        typical(store, exe, k, commit_id=f"c{k}", epoch=1)
+    after = counter.snapshot()
+    delta = {key: after[key] - before[key] for key in ("Z", "Z:T", "E", "P", "Q", "S")}
+    assert delta == {"Z": n, "Z:T": 0, "E": n, "P": 0, "Q": 0, "S": n}, (
+        "each commit must be one prepared statement in one round trip, outside any "
+        f"transaction block: {delta}"
+    )
+    if calls is not None:
+        assert server_calls(url, pg_schema) == calls + n, "one statement per commit"
+    # And what it wrote is all there.
+    assert exe.version == 3 + n
+    assert len(store.pending_outbox()) == 2 * (3 + n)
+    assert store.read_trace("e1")[-1] == {"k": 2 + n, "index": 2 + n}
+
+
+def test_loads_acks_and_claims_are_one_round_trip_each(
+    opened: Callable[..., Any], wire: tuple[WireCounter, str]
+) -> None:
+    counter, proxied = wire
+    store = opened(url=proxied)
+    exe = Execution(id="e1")
+    for k in range(10):
+        typical(store, exe, k)
+    calls = {
+        "load": lambda k: store.load("e1"),
+        "ack_outbox": lambda k: store.ack_outbox(k + 1),
+        "claim_outbox": lambda k: store.claim_outbox(1),
+        "claim_due_timers": lambda k: store.claim_due_timers(1e9, 1, lease=0.0),
+        "is_processed": lambda k: store.is_processed("e1", f"in-{k}"),
+        "read_trace": lambda k: store.read_trace("e1"),
+    }
+    for name, call in calls.items():
+        call(0)  # prepares
+        before = counter.snapshot()
+        for k in range(1, 4):
+            call(k)
+        after = counter.snapshot()
+        assert (after["Z"] - before["Z"], after["E"] - before["E"]) == (3, 3), name
+
+
+def test_prepare_false_prepares_nothing_and_is_still_one_round_trip(
+    opened: Callable[..., Any], wire: tuple[WireCounter, str]
+) -> None:
+    counter, proxied = wire
+    store = opened(url=proxied, prepare=False)
+    exe = Execution(id="e1")
+    typical(store, exe, 0)
+    before = counter.snapshot()
+    for k in range(1, 6):
+        typical(store, exe, k)
+        store.load("e1")
+    after = counter.snapshot()
+    assert after["Z"] - before["Z"] == 10
+    assert after["P"] - before["P"] == 10, "an unnamed statement is parsed with each call"
+    with pool_connection(store) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone() == (0,)
+
+
+def test_the_commit_statement_is_prepared(opened: Callable[..., Any]) -> None:
+    store = opened()
+    typical(store, Execution(id="e1"), 0)
+    with pool_connection(store) as conn:
+        rows = conn.execute("SELECT statement FROM pg_prepared_statements").fetchall()
+    assert any("WITH done AS" in statement for (statement,) in rows), rows
+
+
+# --- schemas -------------------------------------------------------------------------------
+
+
+def test_stores_in_two_schemas_do_not_see_each_other(
+    url: str, opened: Callable[..., Any], pg_server: Any
+) -> None:
+    import _pg
+
+    other_schema = _pg.fresh_schema()
+    try:
+        one, two = opened(), opened(schema=other_schema)
+        assert one.wait_for_work(0) is False and two.wait_for_work(0) is False
+        typical(one, Execution(id="e1"), 1)
+        assert two.load("e1") is None and two.pending_outbox() == []
+        assert two.claim_outbox() == [] and two.claim_due_timers(math.inf) == []
+        assert two.stats() == dict.fromkeys(two.stats(), 0)
+        assert two.wait_for_work(0.2) is False, "woken by another schema's commit"
+        typical(two, Execution(id="e1"), 2)
+        assert [e.seq for e in two.pending_outbox()] == [1, 2], "seqs are per schema"
+        assert one.load("e1").version == 1 and two.load("e1").version == 1
+        assert [e.event for e in one.pending_outbox()] == [{"k": 1}, "all-1"]
+        assert one.wait_for_work(0) is True
+        assert one.wait_for_work(0) is False
+    finally:
+        _pg.drop_schema(pg_server.url, other_schema)
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [
+        ("", ValueError),
+        ("1abc", ValueError),
+        ("a-b", ValueError),
+        ('a"b', ValueError),
+        ("a b", ValueError),
+        ("x" * 64, ValueError),
+        ("pg_mine", ValueError),
+        ("PG_mine", ValueError),
+        (None, TypeError),
+        (b"abc", TypeError),
+    ],
+    ids=repr,
+)
+def test_a_bad_schema_name_is_refused_before_connecting(bad: Any, error: type) -> None:
+    for cls in (PostgresStore, AsyncPostgresStore):
+        with pytest.raises(error, match="schema"):
+            cls("postgresql://127.0.0.1:1/nowhere", schema=bad)
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"pool_size": 0}, ValueError),
+        ({"pool_size": 1.5}, TypeError),
+        ({"prepare": 1}, TypeError),
+        ({"timeout": 0}, ValueError),
+        ({"timeout": "1"}, TypeError),
+        ({"trace_max": -1}, ValueError),
+        ({"codec": object()}, TypeError),
+        ({"bogus": 1}, TypeError),
+    ],
+    ids=repr,
+)
+def test_bad_options_are_refused_before_connecting(options: dict[str, Any], error: type) -> None:
+    for cls in (PostgresStore, AsyncPostgresStore):
+        with pytest.raises(error):
+            cls("postgresql://127.0.0.1:1/nowhere", **options)
+    with pytest.raises(TypeError, match="conninfo"):
+        PostgresStore(b"postgresql://x")
+
+
+def tables(url: str, schema: str) -> list[Any]:
+    return sql(
+        url,
+        "SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n"
+        " ON n.oid = c.relnamespace WHERE n.nspname = %s ORDER BY 1",
+        (schema,),
+    )
+
+
+def test_the_schema_is_created_on_first_open_and_versioned(
+    url: str, pg_schema: str, opened: Callable[..., Any]
+) -> None:
+    assert tables(url, pg_schema) == []
+    store = opened()
+    typical(store, Execution(id="e1"), 0)
+    assert sql(url, f'SELECT version FROM "{pg_schema}".harel_store_schema') == [
+        (postgres.SCHEMA_VERSION,)
+    ]
+    names = {name for name, _ in tables(url, pg_schema)}
+    for name in ("executions", "outbox", "spawns", "processed", "timers", "trace", "commit_ids"):
+        assert name in names
+    shape = tables(url, pg_schema)
+    opened().close()  # opening an existing schema changes nothing
+    assert tables(url, pg_schema) == shape
+
+
+def refused_unchanged(url: str, schema: str, match: str) -> None:
+    before = tables(url, schema)
+    with pytest.raises(StoreError, match=match):
+        PostgresStore(url, schema=schema)
+
+    async def main() -> None:
+        store = AsyncPostgresStore(url, schema=schema)  # opens at its first call
+        with pytest.raises(StoreError, match=match):
+            await store.load("e1")
+        with pytest.raises(StoreError, match=match):
+            async with store:
+                pass
+        await store.close()
+
+    asyncio.run(main())
+    assert tables(url, schema) == before, "a refused schema was changed"
+
+
+def test_a_foreign_schema_is_refused_unchanged(url: str, pg_schema: str) -> None:
+    sql(url, f'CREATE SCHEMA "{pg_schema}"')
+    sql(url, f'CREATE TABLE "{pg_schema}".users (id serial PRIMARY KEY, name text)')
+    refused_unchanged(url, pg_schema, "not harel_store's.*users")
+
+
+def test_a_newer_schema_is_refused_unchanged(
+    url: str, pg_schema: str, opened: Callable[..., Any]
+) -> None:
+    opened().close()
+    sql(url, f'UPDATE "{pg_schema}".harel_store_schema SET version = version + 1')
+    refused_unchanged(url, pg_schema, f"schema version {postgres.SCHEMA_VERSION + 1}, newer")
+
+
+def test_a_damaged_schema_table_is_refused(
+    url: str, pg_schema: str, opened: Callable[..., Any]
+) -> None:
+    opened().close()
+    sql(url, f'INSERT INTO "{pg_schema}".harel_store_schema VALUES (1)')
+    refused_unchanged(url, pg_schema, "damaged")
+
+
+def test_an_empty_schema_made_by_the_dba_is_used(
+    url: str, pg_schema: str, opened: Callable[..., Any]
+) -> None:
+    sql(url, f'CREATE SCHEMA "{pg_schema}"')
+    store = opened()
+    store.commit(Execution(id="e1"), [("t", "x")])
+    assert store.load("e1").version == 1
+
+
+def test_an_older_schema_is_migrated(
+    url: str, pg_schema: str, opened: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with opened() as store:
+        store.commit(Execution(id="e1"), [("t", "kept")])
+    later = [*postgres.MIGRATIONS, ("CREATE TABLE {s}.later_feature (x integer)",)]
+    monkeypatch.setattr(postgres, "MIGRATIONS", later)
+    with opened() as store:
+        assert store.load("e1").version == 1
+        assert [e.event for e in store.pending_outbox()] == ["kept"]
+    assert sql(url, f'SELECT version FROM "{pg_schema}".harel_store_schema') == [(2,)]
+    assert sql(url, f'SELECT count(*) FROM "{pg_schema}".later_feature') == [(0,)]
+    monkeypatch.undo()
+    with pytest.raises(StoreError, match="newer"):
+        PostgresStore(url, schema=pg_schema)
+
+
+def test_an_unreachable_server_is_a_store_error_at_once() -> None:
+    start = time.monotonic()
+    with pytest.raises(StoreError, match="cannot open"):
+        PostgresStore("postgresql://postgres@127.0.0.1:1/nowhere?connect_timeout=5")
+    assert time.monotonic() - start < 10
+
+    async def main() -> None:
+        store = AsyncPostgresStore("postgresql://postgres@127.0.0.1:1/nowhere")
+        with pytest.raises(StoreError, match="cannot open"):
+            await store.load("e1")
+        await store.close()
+
+    asyncio.run(main())
+
+
+def test_repr_and_errors_never_show_the_password(url: str, opened: Callable[..., Any]) -> None:
+    secret = psycopg.conninfo.make_conninfo(url, password="s3cret-pw")
+    store = opened(url=secret)
+    assert "s3cret-pw" not in repr(store) and "open" in repr(store)
+    assert store.schema in repr(store)
+    store.close()
+    assert "closed" in repr(store)
+    with pytest.raises(StoreError) as info:
+        PostgresStore(psycopg.conninfo.make_conninfo(secret, port=1, connect_timeout=5), schema="x")
+    assert "s3cret-pw" not in str(info.value)
+
+
+# --- codec and values ------------------------------------------------------------------------
+
+
+class Blobs(JsonCodec):
+    """Bytes, not str: they come back as bytes."""
+
+    def encode_execution(self, exe: Any) -> bytes:
+        return super().encode_execution(exe).encode()
+
+    def decode_execution(self, data: Any) -> Any:
+        assert type(data) is bytes
+        return super().decode_execution(data)
+
+    def encode_value(self, value: Any) -> bytes:
+        return b"\x00" + super().encode_value(value).encode()
+
+    def decode_value(self, data: Any) -> Any:
+        assert type(data) is bytes and data[:1] == b"\x00"
+        return super().decode_value(data[1:])
+
+
+class RawText(JsonCodec):
+    """Str with characters PostgreSQL text cannot hold: they come back exactly."""
+
+    def encode_value(self, value: Any) -> str:
+        return "\x00\ud800" + super().encode_value(value)
+
+    def decode_value(self, data: Any) -> Any:
+        assert type(data) is str and data[:2] == "\x00\ud800"
+        return super().decode_value(data[2:])
+
+
+@pytest.mark.parametrize("codec", [Blobs(), RawText()], ids=["bytes", "raw-text"])
+def test_codecs_get_back_what_they_gave(opened: Callable[..., Any], codec: Any) -> None:
+    store = opened(codec=codec)
+    exe = Execution(id="e1", active_path=("a",), context={"s": "\x00\U0001f600"})
+    store.commit(exe, [("t", ("x",))], spawns=[("c", ("r",), {"n": 1})], trace={"n": 1})
+    assert store.load("e1") == exe
+    assert store.pending_outbox() == [OutboxEntry(1, "t", ("x",))]
+    assert store.pending_spawns()[0][3:] == (("r",), {"n": 1})
+    assert store.read_trace("e1") == [{"n": 1, "index": 0}]
+    store.commit(Execution(id="e2"), [], commit_id="k", trace={"n": 2})
+    store.commit(Execution(id="e2"), [], commit_id="k", trace={"n": 2})  # a replay
+
+
+def test_json_values_round_trip_exactly(opened: Callable[..., Any]) -> None:
+    store = opened()
+    values = ["a\x00b", "\U0001f600", "\ud800 lone", (1, (2.0, ())), {"__tuple__": [1]}, -0.0]
+    values += [math.inf, 2**70, None, [True, {"k": ()}]]
+    exe = Execution(id="\U0001f600 e", context={"values": values})
+    store.commit(exe, [("t", value) for value in values], trace={"values": values})
+    back = store.load("\U0001f600 e")
+    assert back == exe and back.context["values"][3] == (1, (2.0, ()))
+    assert [e.event for e in store.pending_outbox()] == values
+    assert math.copysign(1.0, store.pending_outbox()[5].event) == -1.0
+    assert store.read_trace("\U0001f600 e")[0]["values"] == values
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda s: s.commit(Execution(id="a\x00b"), []),
+        lambda s: s.commit(Execution(id="e1"), [("t\x00", "x")]),
+        lambda s: s.commit(Execution(id="e1"), [], "v\x00"),
+        lambda s: s.commit(Execution(id="e1"), [], timers=[TimerOp("cancel", "p\x00")]),
+        lambda s: s.load("a\x00b"),
+    ],
+)
+def test_a_nul_in_an_id_is_a_value_error(opened: Callable[..., Any], call: Any) -> None:
+    store = opened()
+    with pytest.raises(ValueError, match="NUL"):
+        call(store)
+    assert store.stats() == dict.fromkeys(store.stats(), 0)
+    store.commit(Execution(id="e1"), [("t", "fine")])
+    assert store.load("e1").version == 1
+
+
+def test_out_of_range_integers_are_refused_before_any_write(opened: Callable[..., Any]) -> None:
+    store = opened()
+    with pytest.raises(ValueError):
+        store.commit(Execution(id="e1", version=2**63 - 1), [])
+    with pytest.raises(ValueError):
+        store.commit(Execution(id="e1"), [], epoch=2**63)
+    store.ack_outbox(2**70)  # no such seq: a no-op
+    store.ack_spawn(-(2**70))
+    assert store.stats() == dict.fromkeys(store.stats(), 0)
+    store.commit(Execution(id="e1", version=2**63 - 2), [], epoch=2**63 - 1)
+    assert store.load("e1").version == 2**63 - 1
+
+
+def test_the_trace_ring_honours_explicit_indexes_and_a_changed_trace_max(
+    opened: Callable[..., Any],
+) -> None:
+    store = opened(trace_max=3)
+    for i in range(5):
+        store.append_trace("e1", {"i": i})
+    store.append_trace("e1", {"i": 5, "index": 100})
+    store._record_trace("e1", {"i": 6})
+    assert store.read_trace("e1") == [
+        {"i": 4, "index": 4},
+        {"i": 5, "index": 100},
+        {"i": 6, "index": 6},
+    ]
+    store.trace_max = None
+    for i in range(7, 10):
+        store.append_trace("e1", {"i": i})
+    assert len(store.read_trace("e1")) == 6
+    store.trace_max = 2
+    assert len(store.read_trace("e1")) == 6, "a change applies at the next append"
+    store.append_trace("e1", {"i": 10})
+    assert store.read_trace("e1") == [{"i": 9, "index": 9}, {"i": 10, "index": 10}]
+    assert store.stats()["trace_steps"] == 2 and store.stats()["traces"] == 1
+    store.forget("e1")
+    store.append_trace("e1", {"i": 0})
+    assert store.read_trace("e1") == [{"i": 0, "index": 0}]
+
+
+def test_timer_ops_on_one_path_in_one_commit_apply_in_order(opened: Callable[..., Any]) -> None:
+    store = opened()
+    exe = Execution(id="e1")
+    schedule = lambda path, at: TimerOp("schedule", path, at)
+    store.commit(exe, [], timers=[schedule("a", 1.0), schedule("b", 2.0), TimerOp("cancel", "a")])
+    assert store.due_timers(math.inf) == [("e1", "b", 2.0)]
+    store.commit(exe, [], timers=[TimerOp("cancel", "b"), schedule("b", 3.0), schedule("c", 3.0)])
+    store.commit(exe, [], timers=[schedule("d", 3.0), schedule("c", 5.0), schedule("c", 3.0)])
+    # Ties in arming order: b, then d, then c (re-armed last).
+    assert store.due_timers(math.inf) == [("e1", "b", 3.0), ("e1", "d", 3.0), ("e1", "c", 3.0)]
+
+
+def test_seqs_start_at_one_and_a_refused_commit_takes_none(opened: Callable[..., Any]) -> None:
+    store = opened()
+    exe = Execution(id="e1")
+    store.commit(exe, [("t", 1)], spawns=[("c", "r", {})])
+    with pytest.raises(StoreConflict):
+        store.commit(Execution(id="e1"), [("t", 2)], spawns=[("c", "r", {})])
+    store.commit(exe, [("t", 3), ("t", 4)], spawns=[("c", "r", {})])
+    assert [e.seq for e in store.pending_outbox()] == [1, 2, 3]
+    assert [e.seq for e in store.pending_spawns()] == [1, 2]
+
+
+def test_reopening_keeps_everything(opened: Callable[..., Any]) -> None:
+    with opened(trace_max=3) as store:
+        exe = Execution(id="e1", active_path=("a", "b"))
+        typical(store, exe, 0, commit_id="k1", epoch=4)
+        for i in range(1, 5):
+            store.append_trace("e1", {"step": i})
+        for entry in store.pending_outbox():
+            store.ack_outbox(entry.seq)
+        stats = store.stats()
+    with opened(trace_max=3) as store:
+        assert store.stats() == stats
+        loaded = store.load("e1")
+        assert loaded == exe and loaded.active_path == ("a", "b")
+        store.commit(loaded, [("t", "c")])
+        assert [e.seq for e in store.pending_outbox()] == [3]
+        store.append_trace("e1", {"step": 5})
+        assert [s["index"] for s in store.read_trace("e1")] == [3, 4, 5]
+        retry = Execution(id="e1")
+        typical(store, retry, 0, commit_id="k1", epoch=4)
+        assert retry.version == 1
+        with pytest.raises(harel_store.StaleWriter):
+            store.save(store.load("e1"), epoch=3)
+
+
+# --- closed stores -------------------------------------------------------------------------
+
+CALLS: dict[str, tuple[Any, ...]] = {
+    "load": ("e1",),
+    "save": (Execution(id="e1"),),
+    "commit": (Execution(id="e1"), []),
+    "is_processed": ("e1", "v1"),
+    "pending_outbox": (),
+    "ack_outbox": (1,),
+    "claim_outbox": (),
+    "pending_spawns": (),
+    "ack_spawn": (1,),
+    "claim_spawns": (),
+    "due_timers": (1.0,),
+    "claim_due_timers": (1.0,),
+    "delete_timer": ("e1", "p", 1.0),
+    "append_trace": ("e1", {}),
+    "read_trace": ("e1",),
+    "forget": ("e1",),
+    "stats": (),
+    "wait_for_work": (0,),
+    "_record_trace": ("e1", {}),
+}
+
+
+def test_a_closed_store_raises_value_error(opened: Callable[..., Any]) -> None:
+    store = opened()
+    with store as entered:
+        assert entered is store
+        entered.commit(Execution(id="e1"), [])
+        assert entered.wait_for_work(0) is False
+    store.close()
+    for name, args in CALLS.items():
+        with pytest.raises(ValueError, match="closed"):
+            getattr(store, name)(*args)
+    with pytest.raises(ValueError, match="closed"), store:
+        pass
+    store.trace_max = 5
+    assert PostgresStore.durable is True and PostgresStore.preserves_identity is False
+
+
+def test_a_closed_async_store_raises_value_error(url: str, pg_schema: str) -> None:
+    async def main() -> None:
+        async with AsyncPostgresStore(url, schema=pg_schema) as store:
+            await store.commit(Execution(id="e1"), [])
+        await store.close()
+        for name, args in CALLS.items():
+            with pytest.raises(ValueError, match="closed"):
+                if name == "_record_trace":
+                    store._record_trace(*args)
+                else:
+                    await getattr(store, name)(*args)
+        with pytest.raises(ValueError, match="closed"):
+            async with store:
+                pass
+
+    asyncio.run(main())
+    assert AsyncPostgresStore.durable is True and AsyncPostgresStore.preserves_identity is False
+
+
+def test_open_store_routes_postgres_urls(url: str, pg_schema: str) -> None:
+    for scheme in ("postgresql", "postgres"):
+        address = scheme + url[url.index(":") :]
+        with harel_store.open_store(address, schema=pg_schema, trace_max=5) as store:
+            assert type(store) is PostgresStore and store.trace_max == 5
+            store.commit(store.load("e1") or Execution(id="e1"), [])
+        with pytest.raises(TypeError):
+            harel_store.open_store(address, bogus=1)
+
+    async def main() -> None:
+        async with harel_store.open_async_store(url, schema=pg_schema) as astore:
+            assert type(astore) is AsyncPostgresStore
+            assert (await astore.load("e1")).version == 2
+
+    asyncio.run(main())
+
+
+# --- the async twin ------------------------------------------------------------------------
+
+
+def test_the_async_store_serves_one_asyncio_run_after_another(url: str, pg_schema: str) -> None:
+    store = AsyncPostgresStore(url, schema=pg_schema, trace_max=2)
+    exe = Execution(id="e1")
+    for k in range(5):
+        asyncio.run(store.commit(exe, [("t", k)], f"v{k}", trace={"k": k}))
+    assert exe.version == 5
+    assert asyncio.run(store.load("e1")) == exe
+    assert [e.event for e in asyncio.run(store.claim_outbox())] == [0, 1, 2, 3, 4]
+    assert asyncio.run(store.read_trace("e1")) == [{"k": 3, "index": 3}, {"k": 4, "index": 4}]
+    store._record_trace("e1", {"k": 5})
+    assert asyncio.run(store.wait_for_work(0)) is True
+    assert asyncio.run(store.wait_for_work(0)) is False
+    asyncio.run(store.close())
+    with PostgresStore(url, schema=pg_schema) as sync:
+        assert sync.read_trace("e1")[-1] == {"k": 5, "index": 5}
+
+
+def test_the_async_store_keeps_the_event_loop_free(url: str, pg_schema: str) -> None:
+    """A commit that waits for another transaction's row lock waits on the server; the
+    loop goes on ticking."""
+    with PostgresStore(url, schema=pg_schema) as sync:
+        sync.commit(Execution(id="e1"), [])
+    blocker = psycopg.connect(url)
+    blocker.execute(f'SELECT * FROM "{pg_schema}".executions WHERE id = %s FOR UPDATE', ("e1",))
+
+    async def main() -> tuple[int, float]:
+        async with AsyncPostgresStore(url, schema=pg_schema) as store:
+            exe = await store.load("e1")
+            loop = asyncio.get_running_loop()
+            release = loop.call_later(0.5, blocker.commit)
+            ticks = 0
+            commit = asyncio.ensure_future(store.commit(exe, [("t", "x")]))
+            start = time.monotonic()
+            while not commit.done():
+                ticks += 1
+                await asyncio.sleep(0.01)
+            await commit
+            release.cancel()
+            assert (await store.load("e1")).version == 2
+            return ticks, time.monotonic() - start
+
+    try:
+        ticks, waited = asyncio.run(main())
+    finally:
+        blocker.close()
+    assert waited >= 0.4 and ticks >= 10, (ticks, waited)
+
+
+def test_async_calls_run_concurrently_on_the_pool(url: str, pg_schema: str) -> None:
+    async def main() -> None:
+        async with AsyncPostgresStore(url, schema=pg_schema, pool_size=3) as store:
+            waiting = asyncio.ensure_future(store.wait_for_work(20))
+            await asyncio.sleep(0.1)
+            assert not waiting.done()
+            exes = [Execution(id=f"e{i}") for i in range(12)]
+            await asyncio.gather(*(store.commit(exe, [("t", exe.id)]) for exe in exes))
+            assert all(exe.version == 1 for exe in exes)
+            assert await asyncio.wait_for(waiting, 5) is True
+            assert len(await store.pending_outbox()) == 12
+            assert store._pool._open <= 3
+
+    asyncio.run(main())
+
+
+# --- processes ------------------------------------------------------------------------------
+
+PRELUDE = """
+import os, sys, time
+from harel_store import Execution, StoreConflict, StoreError, TimerOp
+from harel_store.postgres import PostgresStore
+
+url, schema, go = sys.argv[1], sys.argv[2], sys.argv[3]
+def wait_for_go():
+    print("ready", flush=True)
+    while not os.path.exists(go):
+        time.sleep(0.001)
+def say(*words):
+    print(*words, flush=True)
+"""
+
+
+class Children:
+    """Child processes of one test, on its schema, released together by a file."""
+
+    def __init__(self, url: str, schema: str, tmp_path: Path) -> None:
+        self.url, self.schema = url, schema
+        self.go = tmp_path / f"go-{uuid.uuid4().hex}"
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def spawn(self, code: str, *args: Any) -> subprocess.Popen[str]:
+        paths = [ROOT, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+        proc = subprocess.Popen(
+            [sys.executable, "-c", PRELUDE + code, self.url, self.schema, str(self.go)]
+            + [str(a) for a in args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def start(self, *procs: subprocess.Popen[str]) -> None:
+        """Let the children go at once, when all of them are ready."""
+        for proc in procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert line == "ready\n", f"a child did not get ready: {line!r} {proc.communicate()[1]}"
+        self.go.touch()
+
+    def kill_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
+
+@pytest.fixture
+def children(url: str, pg_schema: str, tmp_path: Path) -> Iterator[Children]:
+    PostgresStore(url, schema=pg_schema).close()  # the schema exists before they race
+    made = Children(url, pg_schema, tmp_path)
+    yield made
+    made.kill_all()
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 120.0) -> list[str]:
+    """The words the child printed; it must have exited cleanly."""
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{err}"
+    return out.split()
+
+
+WRITER = """
+store = PostgresStore(url, schema=schema, trace_max=50)
+exe = store.load("x") or Execution(id="x")
+k = exe.version
+while True:
+    k += 1
+    exe.context["k"] = k
+    store.commit(
+        exe,
+        [("y", f"ev-{k}"), (None, f"all-{k}")],
+        f"in-{k}",
+        [TimerOp("schedule", f"t{k % 3}", float(k)), TimerOp("cancel", f"gone-{k}")],
+        [(f"child-{k}", ("r", k), {"k": k})],
+        {"k": k},
+        commit_id=f"c{k}",
+        epoch=k // 10,
+    )
+    say(k)
+"""
+
+
+def committed_body(k: int) -> dict[str, Any]:
+    return {
+        "emits": [("y", f"ev-{k}"), (None, f"all-{k}")],
+        "processed_event_id": f"in-{k}",
+        "timers": [TimerOp("schedule", f"t{k % 3}", float(k)), TimerOp("cancel", f"gone-{k}")],
+        "spawns": [(f"child-{k}", ("r", k), {"k": k})],
+        "trace": {"k": k},
+    }
+
+
+def check_commits(store: Any, v: int) -> None:
+    """Commits 1..v are all there, whole; nothing of commit v + 1 is. Seqs increase; a
+    commit killed in flight may have left a gap, never a lost entry."""
+    exe = store.load("x")
+    assert exe.version == v and exe.context == {"k": v}
+    outbox = store.pending_outbox()
+    assert [e.event for e in outbox] == [f"{w}-{k}" for k in range(1, v + 1) for w in ("ev", "all")]
+    assert [e.seq for e in outbox] == sorted({e.seq for e in outbox})
+    spawns = store.pending_spawns()
+    assert [(s.child_id, s.root_path, s.context) for s in spawns] == [
+        (f"child-{k}", ("r", k), {"k": k}) for k in range(1, v + 1)
+    ]
+    assert all(store.is_processed("x", f"in-{k}") for k in range(1, v + 1))
+    assert not store.is_processed("x", f"in-{v + 1}")
+    latest = {f"t{k % 3}": float(k) for k in range(1, v + 1)}
+    assert sorted(store.due_timers(math.inf)) == sorted(("x", p, at) for p, at in latest.items())
+    assert store.read_trace("x") == [{"k": k, "index": k - 1} for k in range(max(1, v - 49), v + 1)]
+    stats = store.stats()
+    assert (stats["executions"], stats["outbox"], stats["spawns"], stats["processed"]) == (
+        1,
+        2 * v,
+        v,
+        v,
+    )
+    retry = Execution(id="x")
+    store.commit(retry, **committed_body(v), commit_id=f"c{v}", epoch=v // 10)
+    assert retry.version == v and store.load("x").version == v
+
+
+def test_a_writer_killed_mid_stream_loses_no_returned_commit(
+    children: Children, url: str, pg_schema: str
+) -> None:
+    printed = 0
+    for round_, kill_after in enumerate((30, 60, 90)):
+        proc = children.spawn(WRITER)
+        assert proc.stdout is not None
+        seen = printed
+        while seen < kill_after:
+            line = proc.stdout.readline()
+            assert line, f"the writer died: {proc.communicate()[1]}"
+            seen = int(line)
+        proc.send_signal(signal.SIGKILL)
+        rest, err = proc.communicate(timeout=60)
+        assert proc.returncode == -signal.SIGKILL, err
+        printed = max([seen, *map(int, rest.split())])
+        with PostgresStore(url, schema=pg_schema, trace_max=50) as store:
+            v = store.load("x").version
+            assert printed <= v <= printed + 1, (round_, printed, v)
+            check_commits(store, v)
+            printed = v
+
+
+INCREMENTER = """
+store = PostgresStore(url, schema=schema)
+me, rounds = sys.argv[4], int(sys.argv[5])
+conflicts = 0
+wait_for_go()
+for i in range(rounds):
+    while True:
+        exe = store.load("counter")
+        exe.context["n"] += 1
+        exe.context["by"].append(me)
+        time.sleep(0.001)  # the engine at work: the others commit meanwhile
+        try:
+            store.commit(exe, [("audit", f"{me}-{i}")], f"{me}-{i}")
+            break
+        except StoreConflict:
+            conflicts += 1
+say(conflicts)
+"""
+
+
+def test_racing_processes_lose_no_update(children: Children, url: str, pg_schema: str) -> None:
+    with PostgresStore(url, schema=pg_schema) as store:
+        store.save(Execution(id="counter", context={"n": 0, "by": []}))
+    procs = [children.spawn(INCREMENTER, f"p{i}", 30) for i in range(4)]
+    children.start(*procs)
+    conflicts = [int(finish(p)[0]) for p in procs]
+    with PostgresStore(url, schema=pg_schema) as store:
+        exe = store.load("counter")
+        assert exe.context["n"] == 120 and exe.version == 121
+        assert Counter(exe.context["by"]) == {f"p{i}": 30 for i in range(4)}
+        outbox = store.pending_outbox()
+        expected = {f"p{p}-{i}" for p in range(4) for i in range(30)}
+        assert sorted(e.event for e in outbox) == sorted(expected), "lost or doubled emits"
+        assert [e.seq for e in outbox] == list(range(1, 121)), "a refused commit took a seq"
+        assert all(store.is_processed("counter", ev) for ev in expected)
+        assert store.stats()["processed"] == 120
+    assert sum(conflicts) > 0, "the processes never raced"
+
+
+FIRST_WRITER = """
+store = PostgresStore(url, schema=schema)
+me, n = sys.argv[4], int(sys.argv[5])
+wait_for_go()
+for j in range(n):
+    exe = Execution(id=f"x{j}", context={"by": me})
+    try:
+        store.commit(
+            exe, [("t", f"{me}-{j}")], f"v{j}", [TimerOp("schedule", "p", 1.0)],
+            [(f"k{j}", "r", {})], {"by": me}, commit_id=f"first-{me}",
+        )
+    except StoreConflict as exc:
+        assert (exc.expected, exc.found) == (0, 1), exc
+    else:
+        say(j)
+"""
+
+
+def test_concurrent_first_writes_have_one_winner(
+    children: Children, url: str, pg_schema: str
+) -> None:
+    procs = [children.spawn(FIRST_WRITER, f"p{i}", 50) for i in range(4)]
+    children.start(*procs)
+    won = {f"p{i}": [int(j) for j in finish(p)] for i, p in enumerate(procs)}
+    winners: dict[int, str] = {}
+    for who, ids in won.items():
+        for j in ids:
+            assert j not in winners, f"x{j} was first-written by {winners[j]} and {who}"
+            winners[j] = who
+    assert sorted(winners) == list(range(50))
+    with PostgresStore(url, schema=pg_schema) as store:
+        for j, who in winners.items():
+            exe = store.load(f"x{j}")
+            assert exe.version == 1 and exe.context == {"by": who}
+            assert store.read_trace(f"x{j}") == [{"by": who, "index": 0}]
+        events = sorted(e.event for e in store.pending_outbox())
+        assert events == sorted(f"{who}-{j}" for j, who in winners.items())
+        stats = store.stats()
+        assert (stats["spawns"], stats["timers"], stats["processed"]) == (50, 50, 50)
+
+
+RELAY = """
+store = PostgresStore(url, schema=schema)
+lease = float(sys.argv[4])
+wait_for_go()
+claimed = []
+while True:
+    batch = store.claim_outbox(7, lease=lease)
+    spawns = store.claim_spawns(5, lease=lease)
+    timers = store.claim_due_timers(1000.0, 3, lease=lease)
+    if not (batch or spawns or timers):
+        break
+    claimed += [f"o{e.seq}" for e in batch] + [f"s{e.seq}" for e in spawns]
+    claimed += [f"t{path_}" for _, path_, _ in timers]
+say(*claimed)
+"""
+
+
+def test_three_processes_claim_every_item_once_while_leases_live(
+    children: Children, url: str, pg_schema: str
+) -> None:
+    with PostgresStore(url, schema=pg_schema) as store:
+        exe = Execution(id="e1")
+        for k in range(15):
+            store.commit(
+                exe,
+                [("t", f"ev-{k}-{i}") for i in range(20)],
+                spawns=[(f"c{k}-{i}", "r", {}) for i in range(10)],
+                timers=[TimerOp("schedule", f"p{k}-{i}", float(k)) for i in range(5)],
+            )
+    procs = [children.spawn(RELAY, 60.0) for _ in range(3)]
+    children.start(*procs)
+    claims = [finish(p) for p in procs]
+    every = [item for claim in claims for item in claim]
+    assert len(every) == len(set(every)), "an item was leased to two relays"
+    assert len(every) == 300 + 150 + 75
+    assert sum(1 for claim in claims if claim) >= 2, "the relays should have shared the work"
+    with PostgresStore(url, schema=pg_schema) as store:
+        assert store.claim_outbox() == [] and store.claim_spawns() == []
+        assert store.claim_due_timers(1000.0) == []
+        assert len(store.pending_outbox()) == 300, "claims do not ack"
+
+
+def test_leases_that_ran_out_in_a_dead_relay_are_claimed_again(
+    children: Children, url: str, pg_schema: str
+) -> None:
+    with PostgresStore(url, schema=pg_schema) as store:
+        exe = Execution(id="e1")
+        store.commit(
+            exe,
+            [("t", i) for i in range(10)],
+            spawns=[(f"c{i}", "r", {}) for i in range(4)],
+            timers=[TimerOp("schedule", f"p{i}", 1.0) for i in range(3)],
+        )
+        # A relay that claims everything for a short lease and dies without an ack.
+        proc = children.spawn(RELAY, 1.0)
+        children.start(proc)
+        assert len(finish(proc)) == 17
+        assert store.claim_outbox() == [] and store.claim_spawns() == []
+        assert store.claim_due_timers(1000.0) == [], "leases live for a second"
+        time.sleep(1.3)
+        assert [e.event for e in store.claim_outbox()] == list(range(10))
+        assert len(store.claim_spawns()) == 4
+        assert len(store.claim_due_timers(1000.0)) == 3
+        assert store.claim_outbox() == []
+
+
+LATE_WRITER = """
+store = PostgresStore(url, schema=schema)
+wait_for_go()
+time.sleep(0.3)
+store.commit(Execution(id="e1"), [("t", "wake up")])
+say("committed")
+"""
+
+
+def test_wait_for_work_wakes_on_another_processs_commit(
+    children: Children, url: str, pg_schema: str
+) -> None:
+    with PostgresStore(url, schema=pg_schema) as store:
+        assert store.wait_for_work(0.05) is False
+        proc = children.spawn(LATE_WRITER)
+        children.start(proc)
+        began = time.monotonic()
+        assert store.wait_for_work(60) is True
+        waited = time.monotonic() - began
+        assert finish(proc) == ["committed"]
+        assert waited < 30
+        assert [e.event for e in store.claim_outbox()] == ["wake up"]
+        assert store.wait_for_work(0.05) is False
+
+
+def test_async_wait_for_work_wakes_on_another_processs_commit(
+    children: Children, url: str, pg_schema: str
+) -> None:
+    async def main() -> None:
+        async with AsyncPostgresStore(url, schema=pg_schema) as store:
+            assert await store.wait_for_work(0.05) is False
+            proc = children.spawn(LATE_WRITER)
+            children.start(proc)
+            ticks = 0
+
+            async def tick() -> None:
+                nonlocal ticks
+                while True:
+                    ticks += 1
+                    await asyncio.sleep(0.01)
+
+            ticker = asyncio.ensure_future(tick())
+            assert await store.wait_for_work(60) is True
+            ticker.cancel()
+            assert ticks >= 5, "the wait blocked the event loop"
+            assert finish(proc) == ["committed"]
+            assert [e.event for e in await store.claim_outbox()] == ["wake up"]
+            assert await store.wait_for_work(0.05) is False
+
+    asyncio.run(main())
+
+
+def test_wait_for_work_counts_from_when_the_object_was_opened(opened: Callable[..., Any]) -> None:
+    writer = opened()
+    writer.commit(Execution(id="e1"), [("t", "x")])
+    late = opened()
+    assert late.wait_for_work(0) is False, "work committed before it was opened"
+    assert writer.wait_for_work(0) is True, "its own commit counts"
+    assert writer.wait_for_work(0) is False
+    exe = writer.load("e1")
+    writer.save(exe)
+    writer.commit(exe, [], "v1", [TimerOp("cancel", "p")], trace={"n": 1})
+    assert late.wait_for_work(0.05) is False, "no entry, no armed timer: no work"
+    for work in (
+        {"timers": [TimerOp("schedule", "p", 1.0)]},
+        {"spawns": [("c", "r", {})]},
+        {"emits": [("t", "y")]},
+    ):
+        writer.commit(exe, work.pop("emits", []), **work)
+        # A commit that returned is seen at once, with no time to wait.
+        assert late.wait_for_work(0) is True and late.wait_for_work(0) is False
+    for bad, error in ((-1, ValueError), (math.nan, ValueError), ("1", TypeError)):
+        with pytest.raises(error):
+            late.wait_for_work(bad)
+
+
+OPENER = """
+wait_for_go()
+store = PostgresStore(url, schema=schema)
+store.commit(Execution(id=sys.argv[4]), [("t", sys.argv[4])])
+say("ok")
+"""
+
+
+def test_four_processes_opening_a_fresh_schema_together(
+    url: str, pg_schema: str, tmp_path: Path
+) -> None:
+    made = Children(url, pg_schema, tmp_path)
+    try:
+        procs = [made.spawn(OPENER, f"e{i}") for i in range(4)]
+        made.start(*procs)
+        for proc in procs:
+            assert finish(proc) == ["ok"]
+    finally:
+        made.kill_all()
+    with PostgresStore(url, schema=pg_schema) as store:
+        assert store.stats()["executions"] == 4
+        assert sorted(e.event for e in store.pending_outbox()) == ["e0", "e1", "e2", "e3"]
+    assert sql(url, f'SELECT version FROM "{pg_schema}".harel_store_schema') == [
+        (postgres.SCHEMA_VERSION,)
+    ]
+
+
+def test_a_conflict_leaves_nothing_of_the_loser(opened: Callable[..., Any]) -> None:
+    one, two = opened(), opened()
+    one.commit(Execution(id="e1"), [])
+    a, b = one.load("e1"), two.load("e1")
+    one.commit(a, [("t", "a")], "va", [TimerOp("schedule", "pa", 1.0)], [("ca", "r", {})], {"a": 1})
+    with pytest.raises(StoreConflict) as info:
+        two.commit(
+            b, [("t", "b")], "vb", [TimerOp("schedule", "pb", 1.0)], [("cb", "r", {})], {"b": 1}
+        )
+    assert (info.value.expected, info.value.found) == (1, 2)
+    assert b.version == 1
+    for store in (one, two):
+        assert [e.event for e in store.pending_outbox()] == ["a"]
+        assert [s.child_id for s in store.pending_spawns()] == ["ca"]
+        assert store.due_timers(math.inf) == [("e1", "pa", 1.0)]
+        assert store.read_trace("e1") == [{"a": 1, "index": 0}]
+        assert store.is_processed("e1", "va") and not store.is_processed("e1", "vb")
+
+
+def test_threads_racing_one_commit_id_apply_it_once(opened: Callable[..., Any]) -> None:
+    """Retries of one commit racing each other: one applies it, the others are replays
+    (or, at a stale version, conflicts); never two applications."""
+    store = opened()
+    store.commit(Execution(id="e1"), [])
+    results: list[Any] = []
+
+    def retry(store: Any) -> None:
+        exe = Execution(id="e1", version=1)
+        try:
+            typical(store, exe, 1, commit_id="k")
+            results.append(exe.version)
+        except BaseException as exc:  # noqa: BLE001 - shown below
+            results.append(exc)
+
+    stores = [opened() for _ in range(4)]
+    threads = [threading.Thread(target=retry, args=(s,)) for s in stores]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [2, 2, 2, 2], results
+    assert store.load("e1").version == 2
+    assert len(store.pending_outbox()) == 2 and len(store.pending_spawns()) == 1
+
+
+# --- a server restarted under a running store ------------------------------------------------
+
+
+def test_a_server_restart_under_a_running_store(pg_server: Any, pg_schema: str) -> None:
+    """A writer commits on, a waiter waits on, while the server restarts (or, on a server
+    the tests did not start, while every connection of the store is terminated). Each
+    call either returns or raises a StoreError; a commit that raised is retried with its
+    commit id. Every commit that returned is there afterwards."""
+    app = f"harel-restart-{uuid.uuid4().hex[:8]}"
+    url = psycopg.conninfo.make_conninfo(pg_server.url, application_name=app)
+    store = PostgresStore(url, schema=pg_schema, timeout=60.0)
+    waiter = PostgresStore(url, schema=pg_schema, timeout=60.0)
+    returned: list[int] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def write() -> None:
+        exe = Execution(id="x")
+        k = 0
+        while not stop.is_set():
+            k += 1
+            for _ in range(50):
+                try:
+                    store.commit(exe, [("t", k)], commit_id=f"c{k}")
+                    break
+                except StoreError as exc:  # a clear error; the retry is recognised
+                    assert "PostgreSQL" in str(exc)
+                    errors.append(exc)
+                    time.sleep(0.1)
+                    exe = store.load("x") or Execution(id="x")
+                    if exe.version >= k:
+                        break
+            returned.append(k)
+
+    assert waiter.wait_for_work(0) is False
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        while len(returned) < 20:
+            time.sleep(0.01)
+        if pg_server.throwaway:
+            pg_server.restart()
+        else:
+            sql(
+                pg_server.url,
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = %s",
+                (app,),
+            )
+        mark = len(returned)
+        deadline = time.monotonic() + 60
+        while len(returned) < mark + 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        writer.join(120)
+    assert len(returned) >= mark + 20, f"the writer did not go on after the restart: {errors}"
+    # The next call of a store idle through the restart reconnects.
+    assert waiter.wait_for_work(10) is True  # the writer's work (or a reconnection)
+    store.commit(store.load("x"), [("t", "last")])
+    assert waiter.wait_for_work(10) is True
+    assert waiter.wait_for_work(0) is False
+    with PostgresStore(url, schema=pg_schema) as check:
+        events = [e.event for e in check.pending_outbox()]
+        assert events[:-1] == list(range(1, returned[-1] + 1)), "a returned commit was lost"
+        assert check.load("x").version == returned[-1] + 1
+    store.close()
+    waiter.close()
+
+
+def test_a_call_while_the_server_is_down_is_a_clear_error(pg_server: Any, pg_schema: str) -> None:
+    if not pg_server.throwaway:
+        pytest.skip("needs the throwaway server, to stop it")  # pragma: no cover
+    store = PostgresStore(pg_server.url, schema=pg_schema, timeout=1.0)
+    astore = AsyncPostgresStore(pg_server.url, schema=pg_schema, timeout=1.0)
+    try:
+        store.commit(Execution(id="e1"), [("t", 1)])
+        asyncio.run(astore.load("e1"))
+        pg_server.stop()
+        try:
+            with pytest.raises(StoreError, match="PostgreSQL"):
+                store.load("e1")
+            with pytest.raises(StoreError, match="PostgreSQL"):
+                store.commit(store_exe := Execution(id="e2"), [])
+            assert store_exe.version == 0
+            with pytest.raises(StoreError, match="PostgreSQL"):
+                asyncio.run(astore.load("e1"))
+            with pytest.raises(StoreError, match="PostgreSQL"):
+                store.wait_for_work(0.2)
+        finally:
+            pg_server.start()
+        assert store.load("e1").version == 1
+        assert asyncio.run(astore.load("e1")).version == 1
+        assert store.wait_for_work(5) is True  # reconnected: the commit before counts
+    finally:
+        store.close()
+        asyncio.run(astore.close())
+
+
+# --- without the extra -------------------------------------------------------------------------
+
+
+def test_without_psycopg_the_store_says_which_extra_to_install() -> None:
+    code = """
+import sys
+sys.modules["psycopg"] = sys.modules["psycopg_pool"] = None
+import harel_store, harel_store.postgres
+from harel_store.postgres import AsyncPostgresStore, PostgresStore
+for make in (
+    lambda: PostgresStore("postgresql://localhost/db"),
+    lambda: AsyncPostgresStore("postgresql://localhost/db"),
+    lambda: harel_store.open_store("postgresql://localhost/db"),
+    lambda: harel_store.open_async_store("postgres://localhost/db"),
+):
+    try:
+        make()
+    except ImportError as exc:
+        assert "pip install 'harel-store[postgres]'" in str(exc), exc
+    else:
+        raise AssertionError("no ImportError")
+print("ok")
+"""
+    paths = [ROOT, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0 and done.stdout == "ok\n", done.stderr

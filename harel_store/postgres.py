@@ -47,10 +47,12 @@ raced it. Loads, acks, claims, ``forget`` and ``stats`` are one statement each t
 (``now()``), so relays on machines with different clocks agree. **Wake-ups**: a commit
 that makes work calls ``pg_notify`` inside its own statement, so the notification is sent
 when the data is committed and never before; :meth:`PostgresStore.wait_for_work`
-uses ``LISTEN`` on a connection of its own, opened at its first call. Work committed
-before that is seen from the seq counters, read when the store opened and again after
-every (re)connection of the listener: a dropped connection can cost a spurious wake-up,
-never a missed one.
+uses ``LISTEN`` on a connection of its own, opened at its first call, and begins each
+wait with an empty statement on it: the notifications of every commit that returned
+before the wait arrive before that statement's reply. Work committed before the
+``LISTEN`` is seen from the seq counters, read when the store opened and again at every
+(re)connection of the listener: a dropped connection can cost a spurious wake-up, never
+a missed one.
 
 **Connections** come from a pool of the store (:class:`_Pool`, :class:`_AsyncPool`):
 ``pool_size`` at most, the one that opened the store kept open. A connection is checked
@@ -154,8 +156,8 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}\Z")
 _LEASE_MAX = 1e10  # seconds (three centuries): a longer lease would overflow a timestamp
-_TEXT, _BYTES = b"t"[0], b"b"[0]
-_RECONNECT_FIRST, _RECONNECT_MAX = 0.05, 1.0  # wait_for_work: pauses between reconnections
+_TEXT = b"t"[0]
+_RECONNECT_FIRST, _RECONNECT_MAX = 0.05, 1.0  # pauses between tries to connect, in seconds
 
 
 def _closed() -> ValueError:
@@ -519,7 +521,7 @@ class _Core:
     def marks_moved(self, marks: Any) -> bool:
         """Whether any seq was allocated since the marks last read (and remember these)."""
         marks = tuple(marks)
-        moved = marks != self.marks
+        moved: bool = marks != self.marks
         self.marks = marks
         return moved
 
@@ -583,7 +585,7 @@ class _Core:
             cid.append(commit_id)
             digest.append(self._digest(body, commit_id))
         # The last op on a path decides its final state; one statement writes each row once.
-        final: dict[str, float | None] = {}
+        final: dict[Any, float | None] = {}
         for action, path, fire_at in body.timers:
             final.pop(path, None)
             final[path] = fire_at if action == "schedule" else None
@@ -838,14 +840,14 @@ def _adapt(conn: Any) -> None:
         _DUMPERS[:] = [(int, Int8Dumper), (int, Int8BinaryDumper)]
         for cls, name in _ARRAYS.items():
             info = types[name]
-            dumper = type(
+            array = type(
                 f"{cls.__name__}Dumper",
                 (ListBinaryDumper,),
                 {"oid": info.array_oid, "element_oid": info.oid},
             )
-            _DUMPERS.append((cls, dumper))
-    for cls, dumper in _DUMPERS:
-        conn.adapters.register_dumper(cls, dumper)
+            _DUMPERS.append((cls, array))
+    for kind, dumper in _DUMPERS:
+        conn.adapters.register_dumper(kind, dumper)
 
 
 def _idle_alive(conn: Any) -> None:

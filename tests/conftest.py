@@ -58,6 +58,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
+        "markers", "durable: a test of a durable store (SQLite, PostgreSQL); see DURABLE_MODULES"
+    )
+    config.addinivalue_line(
         "markers", "compiled: runs against the compiled store, harel_store._store_c"
     )
     fuzz = os.environ.get(FUZZ_ENV, "").strip()
@@ -85,7 +88,18 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         )
 
 
+# Tests of the durable stores: the modules about them, and the contract tests on a durable
+# kind. `-m "not durable"` runs the rest (the release checks do, for every wheel: the
+# durable stores are pure Python, tested once by the main run).
+DURABLE_MODULES = {"test_sqlite", "test_durable", "test_postgres", "test_demo_durable", "test_copy"}
+DURABLE_KINDS = ("sqlite-", "postgres")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        kind = getattr(getattr(item, "callspec", None), "params", {}).get("make_store", "")
+        if item.module.__name__ in DURABLE_MODULES or str(kind).startswith(DURABLE_KINDS):
+            item.add_marker(pytest.mark.durable)
     if not config.getoption("--no-c-extensions"):
         return
     kept = [item for item in items if item.get_closest_marker("compiled") is None]

@@ -240,7 +240,7 @@ def test_loads_acks_and_claims_are_one_round_trip_each(
     exe = Execution(id="e1")
     for k in range(10):
         typical(store, exe, k)
-    calls = {
+    calls: dict[str, Callable[[int], Any]] = {
         "load": lambda k: store.load("e1"),
         "ack_outbox": lambda k: store.ack_outbox(k + 1),
         "claim_outbox": lambda k: store.claim_outbox(1),
@@ -479,14 +479,14 @@ def test_repr_and_errors_never_show_the_password(url: str, opened: Callable[...,
 class Blobs(JsonCodec):
     """Bytes, not str: they come back as bytes."""
 
-    def encode_execution(self, exe: Any) -> bytes:
+    def encode_execution(self, exe: Any) -> bytes:  # type: ignore[override]
         return super().encode_execution(exe).encode()
 
     def decode_execution(self, data: Any) -> Any:
         assert type(data) is bytes
         return super().decode_execution(data)
 
-    def encode_value(self, value: Any) -> bytes:
+    def encode_value(self, value: Any) -> bytes:  # type: ignore[override]
         return b"\x00" + super().encode_value(value).encode()
 
     def decode_value(self, data: Any) -> Any:
@@ -593,7 +593,10 @@ def test_the_trace_ring_honours_explicit_indexes_and_a_changed_trace_max(
 def test_timer_ops_on_one_path_in_one_commit_apply_in_order(opened: Callable[..., Any]) -> None:
     store = opened()
     exe = Execution(id="e1")
-    schedule = lambda path, at: TimerOp("schedule", path, at)
+
+    def schedule(path: str, at: float) -> TimerOp:
+        return TimerOp("schedule", path, at)
+
     store.commit(exe, [], timers=[schedule("a", 1.0), schedule("b", 2.0), TimerOp("cancel", "a")])
     assert store.due_timers(math.inf) == [("e1", "b", 2.0)]
     store.commit(exe, [], timers=[TimerOp("cancel", "b"), schedule("b", 3.0), schedule("c", 3.0)])
@@ -1142,11 +1145,12 @@ def test_wait_for_work_counts_from_when_the_object_was_opened(opened: Callable[.
     writer.save(exe)
     writer.commit(exe, [], "v1", [TimerOp("cancel", "p")], trace={"n": 1})
     assert late.wait_for_work(0.05) is False, "no entry, no armed timer: no work"
-    for work in (
+    works: list[dict[str, Any]] = [
         {"timers": [TimerOp("schedule", "p", 1.0)]},
         {"spawns": [("c", "r", {})]},
         {"emits": [("t", "y")]},
-    ):
+    ]
+    for work in works:
         writer.commit(exe, work.pop("emits", []), **work)
         # A commit that returned is seen at once, with no time to wait.
         assert late.wait_for_work(0) is True and late.wait_for_work(0) is False

@@ -34,7 +34,7 @@ REQUIRED_CLASSIFIERS = (
     "Programming Language :: Python :: 3.12",
     "Programming Language :: Python :: 3.13",
 )
-EXTRAS = {"test", "perf"}
+EXTRAS = {"test", "perf", "postgres"}
 # Files every artifact's package must hold (the compiled module is checked apart).
 PACKAGE_FILES = {
     "__init__.py",

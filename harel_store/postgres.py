@@ -1711,28 +1711,38 @@ class AsyncPostgresStore:
 
     def _record_trace(self, execution_id: str, entry: Mapping[str, Any]) -> None:
         """The plain-``def`` recorder, as on every store: it blocks on a sync connection
-        of its own, so call it off the event loop."""
+        of its own, so call it off the event loop. As the store's first call it opens the
+        store on that connection."""
         if self._closed:
             raise _closed()
         import psycopg
 
-        op = self._core.record_trace(execution_id, entry)
+        core = self._core
+        op = core.record_trace(execution_id, entry)
         query = next(op)
         pool = self._pool
         if pool.recorder is None:
             try:
-                conn = psycopg.Connection.connect(
-                    self._core.conninfo, **_connect_kwargs(self._core)
-                )
-            except psycopg.OperationalError as exc:
-                raise _lost(self._core, "_record_trace", exc, False) from exc
+                conn = psycopg.Connection.connect(core.conninfo, **_connect_kwargs(core))
+            except psycopg.Error as exc:
+                if self._opened:
+                    raise _lost(core, "_record_trace", exc, False) from exc
+                raise _cannot_open(core, exc) from exc
             _adapt(conn)
             pool.recorder = conn
+        if not self._opened:
+            opening = core.open()
+            try:
+                _run_on(pool.recorder, opening, next(opening))
+            except psycopg.Error as exc:
+                pool._close_recorder()
+                raise _cannot_open(core, exc) from exc
+            self._opened = True
         try:
             _run_on(pool.recorder, op, query)
         except psycopg.OperationalError as exc:
             pool._close_recorder()
-            raise _lost(self._core, "_record_trace", exc, True) from exc
+            raise _lost(core, "_record_trace", exc, True) from exc
 
     # --- helpers -----------------------------------------------------------------------
 

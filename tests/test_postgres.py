@@ -737,6 +737,15 @@ def test_the_async_store_serves_one_asyncio_run_after_another(url: str, pg_schem
         assert sync.read_trace("e1")[-1] == {"k": 5, "index": 5}
 
 
+def test_the_async_recorder_opens_the_store_when_it_is_the_first_call(
+    url: str, pg_schema: str
+) -> None:
+    store = AsyncPostgresStore(url, schema=pg_schema)
+    store._record_trace("e1", {"via": "recorder"})  # the schema does not exist yet
+    assert asyncio.run(store.read_trace("e1")) == [{"via": "recorder", "index": 0}]
+    asyncio.run(store.close())
+
+
 def test_the_async_store_keeps_the_event_loop_free(url: str, pg_schema: str) -> None:
     """A commit that waits for another transaction's row lock waits on the server; the
     loop goes on ticking."""

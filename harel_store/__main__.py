@@ -3,7 +3,8 @@ report the throughput (see :mod:`harel_store._demo`), or say what is installed (
 
 ``--store URL`` picks the store (default: ``$HAREL_STORE_URL``, else ``memory:``). On a
 durable store the run is resumable (``--resume``) and its relays may run in worker
-processes (``--workers N``).
+processes (``--workers N``). ``python -m harel_store copy SRC_URL DST_URL`` copies a
+store (:mod:`harel_store._copy`).
 
 Exits 0 when the run checked out, 1 when it did not, 2 on a usage error (a bad option,
 or a store that cannot take the run).
@@ -53,7 +54,8 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Drive N orders through an order-handling workflow (emits, timers, AND-state "
             "spawns, joins, redeliveries, timeouts) using only the store's public API, "
-            "check the outcome, and report the throughput."
+            "check the outcome, and report the throughput. "
+            "(python -m harel_store copy SRC_URL DST_URL copies a store: see its --help.)"
         ),
     )
     parser.add_argument(

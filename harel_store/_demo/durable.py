@@ -22,16 +22,16 @@ quiescent at the current one: no due timer, and empty outbox and spawn tables. I
 work is always one of those rows until the work it causes is committed (a relay acks an
 entry, or deletes a timer, after the commit of its delivery), so quiescence means every
 event of the tick has been handled, by whichever process. Each tick admits the next
-batch of orders; an order is created with ``commit_id="created"``, so re-admitting the
-last batch after a crash writes nothing for the orders that were already created.
+batch of orders; re-admitting the last batch after a crash creates only the orders that
+are not in the store.
 
 A relay (:class:`Relay`) claims outbox entries, spawn intents and due timers with leases
 (``claim_*``), and acks, or ``delete_timer``s, what it has handled. Every delivery loads
 its target, skips it if ``is_processed``, runs the handler on the loaded copy and commits
-it with the event id as ``commit_id``: a ``StoreConflict`` (another process committed the
-execution meanwhile) reloads and runs the handler again, and a commit whose outcome is
-unknown (a ``StoreError``, such as a dropped connection) is retried as it was, which
-writes nothing if the first try landed. Like the in-process relays, a relay "loses" the
+it with a ``commit_id`` of this relay's own (``TOKEN:event id``): a ``StoreConflict``
+(another process committed the execution meanwhile) reloads and runs the handler again,
+and a commit whose outcome is unknown (a ``StoreError``, such as a dropped connection)
+is retried as it was, which writes nothing if the first try landed. Like the in-process relays, a relay "loses" the
 ack of some entries: it delivers them again at its next round (skipped by
 ``is_processed``) before it acks them. A process that dies holding claims leaves them to
 the others, or to the resumed run, once their lease runs out.
@@ -42,6 +42,7 @@ from __future__ import annotations
 import os
 import random
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from time import perf_counter
 from typing import Any
@@ -105,11 +106,16 @@ def new_ledger() -> Execution:
 
 
 class _Writer(Workflow):
-    """The workflow's commits on a durable store, each with a ``commit_id``."""
+    """The workflow's commits on a durable store, each with a ``commit_id`` of this
+    writer's own: ``TOKEN:what``. Retried after an error that leaves its outcome
+    unknown, a commit writes nothing if it had landed; the same work done by another
+    writer (a relay that took over an expired claim) is refused by the CAS instead, and
+    is then seen by ``is_processed``, so each commit that returns counts exactly once."""
 
     def __init__(self, store: Any) -> None:
         super().__init__()
         self.store = store
+        self.token = uuid.uuid4().hex[:12]
         self.commits = 0
         self.conflicts = 0
 
@@ -120,10 +126,11 @@ class _Writer(Workflow):
         processed_event_id: str | None,
         kind: str,
         before: str,
-        commit_id: str,
+        what: str,
         epoch: int | None = None,
     ) -> None:
         sends, timers, spawns = step
+        commit_id = f"{self.token}:{what}"
         emits: list[tuple[Any, Event]] = []
         if sends:
             source = exe.id
@@ -163,7 +170,7 @@ class _Writer(Workflow):
         step: Step = ([first], (), ()) if first is not None else NOTHING
         try:
             self.commit(exe, step, None, "created", "", "created")
-        except (StoreConflict, IdempotencyConflict):
+        except StoreConflict:
             return False
         return True
 
@@ -212,8 +219,8 @@ class Relay(_Writer):
         self.now = now = driver.context["now"]
         timers = store.claim_due_timers(now, self.limit, lease=self.lease)
         for execution_id, path, fire_at in timers:
-            self.timers_fired += 1
-            self.deliver(execution_id, (f"timeout:{path}@{fire_at}", "timeout", None, path))
+            event = (f"timeout:{path}@{fire_at}", "timeout", None, path)
+            self.timers_fired += self.deliver(execution_id, event)
             store.delete_timer(execution_id, path, fire_at)
         for entry in spawns:
             self._spawn(entry)
@@ -221,7 +228,9 @@ class Relay(_Writer):
             self._relay(entry)
         return done + len(timers) + len(spawns) + len(outbox)
 
-    def deliver(self, target: Any, event: Event) -> None:
+    def deliver(self, target: Any, event: Event) -> bool:
+        """Handle ``event`` on the stored ``target``; ``False`` if it was handled before
+        or the target is gone."""
         store = self.store
         event_id = event[0]
         conflicts = 0
@@ -234,10 +243,10 @@ class Relay(_Writer):
                     self.late_redeliveries += 1
                 else:
                     self.dead_letters += 1
-                return
+                return False
             if store.is_processed(target, event_id):
                 self.redeliveries_skipped += 1
-                return
+                return False
             before = exe.active_path[-1]
             step = self.handlers[exe.definition_id](exe, event)
             try:
@@ -248,11 +257,8 @@ class Relay(_Writer):
                 if conflicts > 2:
                     time.sleep(random.random() * 0.001 * conflicts)
                 continue
-            except IdempotencyConflict:  # handled meanwhile by a relay that took it over
-                self.redeliveries_skipped += 1
-                return
             self.delivered += 1
-            return
+            return True
 
     def _relay(self, entry: OutboxEntry) -> None:
         seq, target, event = entry
@@ -333,9 +339,6 @@ class Relay(_Writer):
             except StoreConflict:
                 self.conflicts += 1
                 continue
-            except IdempotencyConflict:
-                self.redeliveries_skipped += 1
-                break
             self.retired += 1
             break
         for child in (f"{order_id}/packing", f"{order_id}/shipping"):
@@ -451,7 +454,7 @@ class Coordinator(_Writer):
                     "phase": "running",
                 },
             )
-            self.commit(driver, NOTHING, None, "created", "", "created", epoch=1)
+            step: tuple[str, str, str, int] = ("created", "", "created", 1)
         else:
             context = driver.context
             if not resume:
@@ -474,8 +477,16 @@ class Coordinator(_Writer):
             before = context["phase"]
             if before == "stopping":
                 context["phase"] = "running"
-            self.commit(driver, NOTHING, None, "resumed", before, f"run-{runs}", epoch=runs)
+            step = ("resumed", before, f"run-{runs}", runs)
             self.resumed = True
+        kind, before, what, epoch = step
+        try:
+            self.commit(driver, NOTHING, None, kind, before, what, epoch)
+        except (StoreConflict, StaleWriter) as exc:
+            raise Refused(
+                f"another process started or resumed the run in {self.where} at the same "
+                f"moment ({exc})"
+            ) from None
         self.driver = driver
         self.n = driver.context["n"]
         self.seed = driver.context["seed"]

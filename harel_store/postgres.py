@@ -160,6 +160,12 @@ _TEXT = b"t"[0]
 _RECONNECT_FIRST, _RECONNECT_MAX = 0.05, 1.0  # pauses between tries to connect, in seconds
 
 
+_COPY_REFUSED = (
+    "a {} cannot be copied or pickled (a copy would share its connections): "
+    "open another store on the same conninfo and schema"
+)
+
+
 def _closed() -> ValueError:
     return ValueError("I/O operation on a closed store")
 
@@ -1302,6 +1308,15 @@ class PostgresStore:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(_COPY_REFUSED.format(type(self).__name__))
+
+    def __copy__(self) -> Any:
+        raise TypeError(_COPY_REFUSED.format(type(self).__name__))
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        raise TypeError(_COPY_REFUSED.format(type(self).__name__))
+
     @property
     def schema(self) -> str:
         """The PostgreSQL schema of the store's tables."""
@@ -1583,6 +1598,15 @@ class AsyncPostgresStore:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(_COPY_REFUSED.format(type(self).__name__))
+
+    def __copy__(self) -> Any:
+        raise TypeError(_COPY_REFUSED.format(type(self).__name__))
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        raise TypeError(_COPY_REFUSED.format(type(self).__name__))
 
     @property
     def schema(self) -> str:

@@ -700,6 +700,16 @@ def test_a_closed_async_store_raises_value_error(url: str, pg_schema: str) -> No
     assert AsyncPostgresStore.durable is True and AsyncPostgresStore.preserves_identity is False
 
 
+def test_stores_refuse_copying_and_pickling(url: str, opened: Callable[..., Any]) -> None:
+    import copy
+    import pickle
+
+    for store in (opened(), AsyncPostgresStore(url, schema="never_opened")):
+        for attempt in (copy.copy, copy.deepcopy, pickle.dumps):
+            with pytest.raises(TypeError, match="cannot be copied"):
+                attempt(store)
+
+
 def test_open_store_routes_postgres_urls(url: str, pg_schema: str) -> None:
     for scheme in ("postgresql", "postgres"):
         address = scheme + url[url.index(":") :]

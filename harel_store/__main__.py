@@ -308,6 +308,13 @@ def _report(result: DemoResult, what: str) -> int:
     for worker in result.get("workers", []):
         if not worker["worker"]:  # the relay of this process
             continue
+        if worker["lost"] or worker["error"]:
+            how = "failed" if worker["error"] else "was lost (killed?)"
+            print(
+                f"worker {worker['worker']} (pid {worker['pid']}): {how} before it reported; "
+                "its claims went to the others as their leases ran out"
+            )
+            continue
         print(
             f"worker {worker['worker']} (pid {worker['pid']}): {worker['commits']:,} commits "
             f"in {worker['elapsed']:.3f} s, {worker['commits_per_s']:,.0f} commits/s; "

@@ -187,6 +187,66 @@ def test_workers_on_sqlite(tmp_path: Path) -> None:
     assert set(stats_of(tmp_path / "orders.db").values()) == {0}
 
 
+def worker_pids(parent: int) -> list[int]:
+    """The spawned worker processes of ``parent`` (not multiprocessing's helpers)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rpartition(")")[2].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and b"spawn_main" in cmdline:
+            pids.append(int(stat.parent.name))
+    return sorted(pids)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_a_killed_worker_leaves_its_claims_to_the_others(tmp_path: Path) -> None:
+    from harel_store.sqlite import SqliteStore
+
+    path = tmp_path / "orders.db"
+    proc = subprocess.Popen(
+        demo_command(
+            "--store",
+            "sqlite:///orders.db",
+            "--workers",
+            "2",
+            "--lease",
+            "1",
+            "-n",
+            "400",
+            "--quiet",
+        ),
+        cwd=tmp_path,
+        env=module_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        pids: list[int] = []
+        finished = 0
+        while (finished < 10 or len(pids) < 2) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            assert proc.poll() is None, proc.communicate()
+            pids = worker_pids(proc.pid)
+            if path.exists():
+                with SqliteStore(path) as store:
+                    ledger = store.load("demo/ledger")
+                finished = 0 if ledger is None else ledger.context["finished"]
+        assert len(pids) == 2
+        os.kill(pids[0], signal.SIGKILL)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, f"{out}\n{err}"
+    assert "OK: every order completed or timed out as planned" in out
+    assert f"worker 1 (pid {pids[0]}): was lost (killed?) before it reported" in out
+    assert re.search(rf"^worker 2 \(pid {pids[1]}\): [\d,]+ commits", out, re.MULTILINE)
+
+
 @pytest.mark.parametrize(
     "args",
     [

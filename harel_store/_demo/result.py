@@ -31,7 +31,8 @@ class WorkerReport(TypedDict):
     conflicts: int
     elapsed: float
     commits_per_s: float
-    error: str
+    error: str  # the traceback of an exception that ended the worker, or ""
+    lost: bool  # the process ended without a report (killed): its claims went to others
 
 
 class DemoResult(TypedDict, total=False):

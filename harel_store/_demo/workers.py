@@ -104,11 +104,13 @@ def _collect(results: Any, procs: list[Any]) -> list[tuple[WorkerReport, dict[st
             proc.join()
     for k, proc in enumerate(procs, 1):
         if k not in reports:
-            reports[k] = _failed(k, proc.pid or 0, f"no report (exit code {proc.exitcode})")
+            reports[k] = _failed(k, proc.pid or 0, "", lost=True)
     return [reports[k] for k in sorted(reports)]
 
 
-def _failed(worker: int, pid: int, error: str) -> tuple[WorkerReport, dict[str, int]]:
+def _failed(
+    worker: int, pid: int, error: str, *, lost: bool = False
+) -> tuple[WorkerReport, dict[str, int]]:
     report = WorkerReport(
         worker=worker,
         pid=pid,
@@ -121,6 +123,7 @@ def _failed(worker: int, pid: int, error: str) -> tuple[WorkerReport, dict[str, 
         elapsed=0.0,
         commits_per_s=0.0,
         error=error,
+        lost=lost,
     )
     return report, {}
 

@@ -65,6 +65,10 @@ retried once on a new connection when theirs fails mid-call; a commit is not (it
 have been applied): it raises a ``StoreError`` that says so, and a retry with the same
 ``commit_id`` is recognised.
 
+**Copying**: ``_dump`` streams a ``REPEATABLE READ`` snapshot through server-side
+cursors, ``_restore`` writes into an empty schema in one transaction that locks its
+tables (:func:`harel_store.copy_store`, ``python -m harel_store copy``).
+
 **PgBouncer** in transaction mode does not keep a server connection's prepared
 statements across transactions (before PgBouncer 1.21 and its
 ``max_prepared_statements``): pass ``prepare=False``, which prepares nothing.
@@ -77,14 +81,15 @@ import collections
 import contextlib
 import hashlib
 import re
+import reprlib
 import select
 import threading
 import time
 import weakref
-from collections.abc import Generator, Iterable, Mapping
+from collections.abc import Generator, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import _checks
+from . import _checks, _copy
 from ._codec import JSON
 from ._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError
 from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
@@ -200,6 +205,16 @@ ring AS (
     WHERE %(keep)s::bigint > 0 AND tr.execution_id = %(id)s
       AND tr.idx < ring.next_index - %(keep)s::bigint
 )"""
+
+
+# Copying (PostgresStore._dump and _restore): the tables a copy reads and writes, and the
+# names of what they hold.
+_COPIED = (
+    ("executions", "executions"), ("processed", "processed marks"), ("commit_ids", "commit ids"),
+    ("trace_index", "trace rings"), ("timers", "timers"), ("outbox", "outbox entries"),
+    ("spawns", "spawn intents"),
+)  # fmt: skip
+_BATCH = 500  # rows per executemany while restoring
 
 
 class _Sql:
@@ -337,6 +352,59 @@ RETURNING t.fire_at, t.seq, t.execution_id, t.path"""
             )
             + " SELECT 1"
         )
+        copied = ", ".join(f"{s}.{table}" for table, _ in _COPIED)
+        self.dump = {
+            "total": "SELECT 1 + "
+            + " + ".join(f"(SELECT count(*) FROM {s}.{table})" for table, _ in _COPIED),
+            "execution": f"SELECT version, epoch, body FROM {s}.executions",
+            "mark": f"SELECT execution_id, event_id FROM {s}.processed",
+            "commit": f"SELECT execution_id, commit_id, version, digest FROM {s}.commit_ids",
+            "trace": (
+                f"SELECT ti.execution_id, ti.next_index, t.idx, t.step FROM {s}.trace_index ti"
+                f" LEFT JOIN {s}.trace t USING (execution_id) ORDER BY ti.execution_id, t.idx"
+            ),
+            "timer": f"SELECT execution_id, path, fire_at FROM {s}.timers ORDER BY seq",
+            "outbox": f"SELECT seq, target_id, event FROM {s}.outbox ORDER BY seq",
+            "spawn": (
+                f"SELECT seq, parent_id, child_id, root_path, context FROM {s}.spawns ORDER BY seq"
+            ),
+            "seqs": (
+                f"SELECT coalesce(pg_sequence_last_value('{s}.outbox_seq'::regclass), 0),"
+                f" coalesce(pg_sequence_last_value('{s}.spawns_seq'::regclass), 0)"
+            ),
+        }
+        self.restore = {
+            "lock": f"LOCK TABLE {copied}, {s}.trace IN EXCLUSIVE MODE",
+            "held": "SELECT "
+            + ", ".join(f"(SELECT count(*) FROM {s}.{table})" for table, _ in _COPIED),
+            "execution": (
+                f"INSERT INTO {s}.executions (id, version, epoch, body) VALUES (%s, %s, %s, %s)"
+            ),
+            "mark": f"INSERT INTO {s}.processed (execution_id, event_id) VALUES (%s, %s)",
+            "commit": (
+                f"INSERT INTO {s}.commit_ids (execution_id, commit_id, digest, version)"
+                " VALUES (%s, %s, %s, %s)"
+            ),
+            "step": f"INSERT INTO {s}.trace (execution_id, idx, step) VALUES (%s, %s, %s)",
+            "trace": f"INSERT INTO {s}.trace_index (execution_id, next_index) VALUES (%s, %s)",
+            "timer": f"INSERT INTO {s}.timers (execution_id, path, fire_at) VALUES (%s, %s, %s)",
+            "outbox": f"INSERT INTO {s}.outbox (seq, target_id, event) VALUES (%s, %s, %s)",
+            "spawn": (
+                f"INSERT INTO {s}.spawns (seq, parent_id, child_id, root_path, context)"
+                " VALUES (%s, %s, %s, %s, %s)"
+            ),
+            "seqs": [
+                f"SELECT setval('{s}.{name}_seq'::regclass, greatest("
+                f" coalesce(pg_sequence_last_value('{s}.{name}_seq'::regclass), 0),"
+                f" (SELECT coalesce(max(seq), 0) FROM {s}.{name}), %s), true)"
+                f" WHERE greatest((SELECT coalesce(max(seq), 0) FROM {s}.{name}), %s) > 0"
+                for name in ("outbox", "spawns")
+            ],
+            "wake": (
+                f"SELECT pg_notify(%s, '') WHERE EXISTS (SELECT FROM {s}.outbox)"
+                f" OR EXISTS (SELECT FROM {s}.spawns) OR EXISTS (SELECT FROM {s}.timers)"
+            ),
+        }
         self.stats = "SELECT " + ", ".join(
             f"(SELECT count(*) FROM {s}.{table})"
             for table in (
@@ -771,21 +839,37 @@ class _Core:
 
     def _digest(self, body: _checks.Body, commit_id: str) -> bytes:
         """What a replay of ``commit_id`` is compared with: a SHA-256 of the body in the
-        codec's canonical encoding (the same as the SQLite store's)."""
-        value = [
-            [[target, event] for target, event in body.emits],
-            body.processed_event_id,
-            [[action, path, fire_at] for action, path, fire_at in body.timers],
-            [[child, root, context] for child, root, context in body.spawns],
-            body.trace,
-        ]
+        codec's canonical encoding (:func:`harel_store._copy.body_digest`, as every
+        durable store)."""
         try:
-            data = self.canonical(value)
+            return _copy.body_digest(self.canonical, body)
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             raise TypeError(f"cannot encode the body of commit {commit_id!r}: {exc}") from exc
-        if type(data) is str:
-            data = data.encode("utf-8", "surrogatepass")
-        return hashlib.sha256(data).digest()
+
+
+def _copied_id(value: Any, what: str) -> str:
+    """An id copied into the schema: a ``str``, as in every durable store."""
+    if type(value) is not str:
+        raise TypeError(
+            f"{what} must be a str in a durable store, got {type(value).__name__} "
+            f"{reprlib.repr(value)}: a store holding it cannot be copied into a durable "
+            "one; nothing was written"
+        )
+    return value
+
+
+def _int64(value: Any, what: str, low: int = 0) -> int:
+    number: int = _checks.as_int(value, what)
+    if not low <= number <= _checks.INT64_MAX:
+        raise ValueError(f"{what} must be between {low} and {_checks.INT64_MAX}, got {number}")
+    return number
+
+
+def _copied_seq(value: Any) -> int:
+    seq = _int64(value, "seq")
+    if not seq:
+        raise ValueError("a seq is at least 1, got 0")
+    return seq
 
 
 def _pack(data: str | bytes) -> bytes:
@@ -1495,6 +1579,200 @@ class PostgresStore:
 
     def _record_trace(self, execution_id: str, entry: Mapping[str, Any]) -> None:
         self._run("record_trace", execution_id, entry)
+
+    # --- copying (harel_store.copy_store) ----------------------------------------------
+
+    def _dump(self) -> Iterator[tuple[Any, ...]]:
+        """Everything the schema holds, as the records of :mod:`harel_store._copy`, read
+        in one ``REPEATABLE READ`` transaction (a snapshot, while other store objects go
+        on writing) through server-side cursors, so a large store streams. A connection
+        of the pool is taken until the iterator is exhausted or closed. Commit bodies
+        come as :class:`~harel_store._copy.Digest` objects of the codec's canonical
+        encoding."""
+        pool = self._open_pool()
+        core = self._core
+        dump = core.sql.dump
+        decode = core.codec.decode_value
+        conn = pool.get()
+        try:
+            with conn.transaction():
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+
+                def rows(kind: str) -> Iterator[Any]:
+                    with conn.cursor(f"harel_store_dump_{kind}", binary=True) as cur:
+                        cur.itersize = _BATCH
+                        cur.execute(dump[kind])
+                        yield from cur
+
+                yield ("total", conn.execute(dump["total"]).fetchone()[0])
+                for version, epoch, body in rows("execution"):
+                    exe = core.codec.decode_execution(_unpack(body))
+                    exe.version = version
+                    yield ("execution", exe, epoch)
+                for eid, event_id in rows("mark"):
+                    yield ("mark", eid, event_id)
+                for eid, commit_id, version, digest in rows("commit"):
+                    digest = _copy.Digest(bytes(digest), core.canonical)
+                    yield ("commit", eid, commit_id, version, digest)
+                ring: tuple[str, int, list[Any]] | None = None
+                for eid, next_index, idx, data in rows("trace"):
+                    if ring is None or ring[0] != eid:
+                        if ring is not None:
+                            yield ("trace", *ring)
+                        ring = (eid, next_index, [])
+                    if data is not None:
+                        step = decode(_unpack(data))
+                        if "index" not in step:
+                            step["index"] = idx
+                        ring[2].append(step)
+                if ring is not None:
+                    yield ("trace", *ring)
+                for timer in rows("timer"):
+                    yield ("timer", *timer)
+                for seq, target, event in rows("outbox"):
+                    yield ("outbox", OutboxEntry(seq, target, decode(_unpack(event))))
+                for seq, parent, child, root, context in rows("spawn"):
+                    entry = SpawnEntry(
+                        seq, parent, child, decode(_unpack(root)), decode(_unpack(context))
+                    )
+                    yield ("spawn", entry)
+                yield ("seqs", *conn.execute(dump["seqs"]).fetchone())
+        finally:
+            pool.put(conn)
+
+    def _restore(self, records: Iterable[tuple[Any, ...]]) -> None:
+        """Write the records of :mod:`harel_store._copy` into this empty schema (else
+        :class:`~harel_store.StoreError`) in one transaction, which locks the tables
+        against other writers and checks emptiness first: all or nothing. Ids must be
+        ``str`` (else ``TypeError``); commit bodies are digested with this store's codec (a
+        :class:`~harel_store._copy.Digest` of the same encoding is taken as it is); each
+        ring keeps its last ``trace_max`` steps. Seqs continue after the copied ones;
+        waiting relays are woken."""
+        import psycopg
+
+        pool = self._open_pool()
+        restore = self._core.sql.restore
+        conn = pool.get()
+        try:
+            with conn.transaction():
+                conn.execute(restore["lock"])
+                held = conn.execute(restore["held"]).fetchone()
+                if any(held):
+                    raise _copy.not_empty(self, dict(zip((what for _, what in _COPIED), held)))
+                try:
+                    self._write_records(conn, records)
+                except psycopg.errors.UniqueViolation as exc:
+                    raise ValueError(
+                        f"the records to copy hold the same thing twice ({exc.diag.message_detail}); "
+                        "nothing was written"
+                    ) from None
+        except psycopg.Error as exc:
+            clear = _clear(exc)
+            if clear is exc:
+                raise
+            raise clear from exc
+        finally:
+            pool.put(conn)
+
+    def _write_records(self, conn: Any, records: Iterable[Any]) -> None:
+        """:meth:`_restore`'s writes, inside its transaction, in batches per table."""
+        core = self._core
+        restore = core.sql.restore
+        batches: dict[str, list[tuple[Any, ...]]] = {}
+
+        def add(kind: str, row: tuple[Any, ...]) -> None:
+            batch = batches.setdefault(kind, [])
+            batch.append(row)
+            if len(batch) >= _BATCH:
+                flush(kind)
+
+        def flush(kind: str) -> None:
+            batch = batches.pop(kind, None)
+            if batch:
+                with conn.cursor() as cur:
+                    cur.executemany(restore[kind], batch)
+
+        def encode(value: Any, what: str) -> bytes:
+            return _pack(core._encode(value, what))
+
+        keep = core.trace_max
+        seqs = (0, 0)
+        for record in records:
+            kind = record[0]
+            if kind == "execution":
+                _, exe, epoch = record
+                try:
+                    eid = exe.id
+                except AttributeError:
+                    raise _checks.bad_exe("id", exe) from None
+                eid = _copied_id(eid, "execution id")
+                version = _checks.durable_exe_version(exe)
+                if epoch is not None:
+                    epoch = _checks.durable_epoch(epoch)
+                add(kind, (eid, version, epoch, _pack(core._encode_exe(exe, eid))))
+            elif kind == "mark":
+                _, eid, event_id = record
+                add(kind, (_copied_id(eid, "execution id"),
+                           _copied_id(event_id, "processed event id")))  # fmt: skip
+            elif kind == "commit":
+                _, eid, commit_id, version, body = record
+                eid = _copied_id(eid, "execution id")
+                commit_id = _checks.as_commit_id(commit_id)
+                version = _int64(version, "commit version", _checks.INT64_MIN)
+                digest = _copy.commit_digest(body, core.canonical, core._digest, eid, commit_id)
+                add(kind, (eid, commit_id, digest, version))
+            elif kind == "trace":
+                _, eid, next_index, steps = record
+                eid = _copied_id(eid, "execution id")
+                steps = list(steps)
+                next_index = _int64(next_index, "next_index")
+                if next_index < len(steps):
+                    raise ValueError(
+                        f"the trace of {eid!r} holds {len(steps)} steps, more than its "
+                        f"next index {next_index}"
+                    )
+                if keep and len(steps) > keep:
+                    steps = steps[len(steps) - keep :]
+                first = next_index - len(steps)
+                for i, step in enumerate(steps):
+                    step = _checks.trace_step(step, "trace step")
+                    add("step", (eid, first + i, encode(step, f"a trace step of {eid!r}")))
+                add(kind, (eid, next_index))
+            elif kind == "timer":
+                _, eid, path, fire_at = record
+                fire_at = _checks.as_time(fire_at, "fire_at")
+                if fire_at - fire_at != 0.0:
+                    raise ValueError(f"fire_at must be finite, got {fire_at!r}")
+                add(kind, (_copied_id(eid, "execution id"),
+                           _copied_id(path, "timer path"), fire_at))  # fmt: skip
+            elif kind == "outbox":
+                seq, target, event = record[1]
+                seq = _copied_seq(seq)
+                if target is not None:
+                    target = _copied_id(target, "outbox target_id")
+                add(kind, (seq, target, encode(event, f"the event of outbox entry {seq}")))
+            elif kind == "spawn":
+                seq, parent_id, child_id, root_path, context = record[1]
+                seq = _copied_seq(seq)
+                what = f"of spawn intent {seq}"
+                context = _checks.trace_step(context, f"the context {what}")
+                add(kind, (
+                    seq,
+                    _copied_id(parent_id, "spawn parent_id"),
+                    _copied_id(child_id, "spawn child_id"),
+                    encode(root_path, f"the root_path {what}"),
+                    encode(context, f"the context {what}"),
+                ))  # fmt: skip
+            elif kind == "seqs":
+                seqs = (_int64(record[1], "outbox seq"), _int64(record[2], "spawn seq"))
+            elif kind != "total":
+                _copy.check_kind(kind)
+        for kind in list(batches):
+            flush(kind)
+        # The sequences continue after the greatest seq copied or told of.
+        for statement, last in zip(restore["seqs"], seqs):
+            conn.execute(statement, (last, last))
+        conn.execute(restore["wake"], (core.channel,))
 
     # --- helpers -----------------------------------------------------------------------
 

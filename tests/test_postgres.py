@@ -640,6 +640,110 @@ def test_reopening_keeps_everything(opened: Callable[..., Any]) -> None:
             store.save(store.load("e1"), epoch=3)
 
 
+# --- copying (harel_store.copy_store) -------------------------------------------------------
+
+
+def fill_for_copy(store: Any) -> None:
+    """A bit of everything: epochs, commit ids, marks, re-armed and tied timers, a
+    wrapped ring, a ring without an execution, a step with its own index, acked entries
+    at both ends, a forgotten execution whose entries are still owed, leases."""
+    a = Execution(id="a", context={"pair": (1, 2)}, active_path=("root", "wait"))
+    typical(store, a, 1, commit_id="a-1", epoch=3)
+    b = Execution(id="b", parent_id="a")
+    store.commit(b, [("a", "ping")], "v-b", [TimerOp("schedule", "tie", 50.0)], epoch=7)
+    store.commit(a, [("b", ["x"])], None, [TimerOp("schedule", "tie", 50.0)], commit_id="a-2")
+    for i in range(4):
+        store.append_trace("a", {"i": i})
+    store.append_trace("b", {"index": "own"})
+    store.append_trace("lonely", {"note": "no execution"})
+    gone = Execution(id="gone")
+    typical(store, gone, 9, commit_id="g-1")
+    store.forget("gone")
+    outbox = store.pending_outbox()
+    store.ack_outbox(outbox[0].seq)
+    store.ack_outbox(outbox[-1].seq)
+    store.ack_spawn(store.pending_spawns()[-1].seq)
+    store.claim_outbox(1, lease=1000.0)
+    store.claim_due_timers(math.inf, 1, lease=1000.0)
+
+
+def shown(store: Any) -> dict[str, Any]:
+    ids = ("a", "b", "gone", "lonely")
+    return {
+        "load": {eid: store.load(eid) for eid in ids},
+        "processed": [store.is_processed(e, v) for e in ids for v in ("in-1", "v-b", "in-9")],
+        "outbox": store.pending_outbox(),
+        "spawns": store.pending_spawns(),
+        "timers": store.due_timers(math.inf),
+        "trace": {eid: store.read_trace(eid) for eid in ids},
+        "stats": store.stats(),
+    }
+
+
+def test_copy_store_from_sqlite_to_postgres_and_back(
+    opened: Callable[..., Any], tmp_path: Path
+) -> None:
+    from harel_store.sqlite import SqliteStore
+
+    with SqliteStore(tmp_path / "src.db", trace_max=3) as src:
+        fill_for_copy(src)
+        expected = shown(src)
+        dst = opened(trace_max=3)
+        assert dst.wait_for_work(0) is False
+        counts = harel_store.copy_store(src, dst)
+    assert counts["executions"] == 2 and counts["traces"] == 3
+    assert shown(dst) == expected
+    assert dst.wait_for_work(0) is True, "a restore with pending work wakes relays"
+    # Leases stayed behind; commit ids, epochs, seqs and rings go on.
+    assert dst.claim_outbox() == expected["outbox"]
+    assert dst.claim_due_timers(math.inf) == expected["timers"]
+    retry = Execution(id="a")
+    typical(dst, retry, 1, commit_id="a-1", epoch=3)
+    assert retry.version == 1
+    with pytest.raises(harel_store.StaleWriter):
+        dst.save(dst.load("b"), epoch=6)
+    a = dst.load("a")
+    dst.commit(a, [("t", "new")], spawns=[("new", "r", {})])
+    assert dst.pending_outbox()[-1].seq == 7 and dst.pending_spawns()[-1].seq == 3
+    dst.append_trace("a", {"i": "next"})
+    assert dst.read_trace("a")[-1] == {"i": "next", "index": 5}
+    # And back: PostgreSQL to SQLite, then the copy holds what the schema does.
+    expected = shown(dst)
+    with SqliteStore(tmp_path / "back.db", trace_max=3) as back:
+        harel_store.copy_store(dst, back)
+        assert shown(back) == expected
+
+
+def test_copy_store_refuses_a_schema_that_is_not_empty(opened: Callable[..., Any]) -> None:
+    src, dst = harel_store.DictStore(), opened()
+    src.commit(Execution(id="x"), [("t", "copied")])
+    dst.commit(Execution(id="held"), [])
+    with pytest.raises(StoreError, match="not empty.*1 executions"):
+        harel_store.copy_store(src, dst)
+    assert dst.stats()["executions"] == 1 and dst.pending_outbox() == []
+    dst.forget("held")
+    harel_store.copy_store(src, dst)
+    assert [e.event for e in dst.pending_outbox()] == ["copied"]
+
+
+def test_a_failed_restore_writes_nothing(opened: Callable[..., Any]) -> None:
+    dst = opened()
+
+    def records() -> Iterator[tuple[Any, ...]]:
+        yield ("execution", Execution(id="x", version=1), None)
+        yield ("outbox", OutboxEntry(5, "t", "ev"))
+        raise RuntimeError("the source broke")
+
+    with pytest.raises(RuntimeError, match="broke"):
+        dst._restore(records())
+    assert dst.stats() == dict.fromkeys(dst.stats(), 0)
+    with pytest.raises(ValueError, match="twice"):
+        dst._restore([("outbox", OutboxEntry(5, "t", "a")), ("outbox", OutboxEntry(5, "t", "b"))])
+    with pytest.raises(TypeError, match="must be a str"):
+        dst._restore([("mark", 1, "v")])
+    assert dst.stats() == dict.fromkeys(dst.stats(), 0)
+
+
 # --- closed stores -------------------------------------------------------------------------
 
 CALLS: dict[str, tuple[Any, ...]] = {

@@ -247,6 +247,58 @@ def test_a_killed_worker_leaves_its_claims_to_the_others(tmp_path: Path) -> None
     assert re.search(rf"^worker 2 \(pid {pids[1]}\): [\d,]+ commits", out, re.MULTILINE)
 
 
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_kill_9_of_the_coordinator_then_resume_with_workers(tmp_path: Path) -> None:
+    """The workers of a killed coordinator stop by themselves; the run is resumed with
+    workers again and passes its checks."""
+    from harel_store.sqlite import SqliteStore
+
+    path = tmp_path / "orders.db"
+    args = ("--store", "sqlite:///orders.db", "--workers", "2", "--lease", "1", "--quiet")
+    proc = subprocess.Popen(
+        demo_command(*args, "-n", "600"),
+        cwd=tmp_path,
+        env=module_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        finished = 0
+        while finished < 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            assert proc.poll() is None, proc.communicate()
+            if path.exists():
+                with SqliteStore(path) as store:
+                    ledger = store.load("demo/ledger")
+                finished = 0 if ledger is None else ledger.context["finished"]
+        pids = worker_pids(proc.pid)
+        assert len(pids) == 2
+        os.kill(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(pid) for pid in pids), "workers outlived their coordinator"
+    assert err == ""
+
+    resumed = run_demo(*args, "--resume", cwd=tmp_path)
+    assert_workers(resumed, 2)
+    assert "resuming the run of 600 orders (seed 1)" in resumed.stdout
+    assert set(stats_of(path).values()) == {0}
+
+
 @pytest.mark.parametrize(
     "args",
     [

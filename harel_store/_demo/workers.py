@@ -12,9 +12,10 @@ whatever a dead worker held is claimed by the others once its lease runs out.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import multiprocessing.connection
 import os
-import queue
 import time
 import traceback
 from collections.abc import Callable
@@ -41,19 +42,24 @@ def run_workers(
     relays in ``workers`` processes."""
     if coord.phase == "done":
         return coord.conclude_finished()
+    # Spawned, not forked: a worker opens its own store, and shares no connection, lock
+    # or thread with this process. Each reports through a pipe of its own (no semaphore
+    # to leak when a process is killed), whose end tells when a worker died silently.
     context = multiprocessing.get_context("spawn")
-    results: Any = context.Queue()
-    procs = [
-        context.Process(
+    procs = []
+    pipes = []
+    for k in range(1, workers + 1):
+        receive, send = context.Pipe(duplex=False)
+        proc = context.Process(
             target=work,
-            args=(url, k, lease, results, os.getpid()),
+            args=(url, k, lease, send, os.getpid()),
             name=f"harel-store-demo-worker-{k}",
             daemon=True,
         )
-        for k in range(1, workers + 1)
-    ]
-    for proc in procs:
         proc.start()
+        send.close()
+        procs.append(proc)
+        pipes.append(receive)
     problems: list[str] = []
     start = perf_counter()
     try:
@@ -78,25 +84,32 @@ def run_workers(
         try:
             coord.stop()
         finally:  # stopped or not, the workers stop with this process (daemons)
-            reports = _collect(results, procs)
+            reports = _collect(pipes, procs)
     result = coord.conclude([counts for _, counts in reports], [r for r, _ in reports], elapsed)
     result["problems"][:0] = problems
     return result
 
 
-def _collect(results: Any, procs: list[Any]) -> list[tuple[WorkerReport, dict[str, int]]]:
+def _collect(pipes: list[Any], procs: list[Any]) -> list[tuple[WorkerReport, dict[str, int]]]:
     """Each worker's report and counts, in worker order; a worker that sent none gets
-    a report that says it failed."""
+    a report that says it was lost."""
     reports: dict[int, tuple[WorkerReport, dict[str, int]]] = {}
     deadline = time.monotonic() + STOP_TIMEOUT
-    while len(reports) < len(procs):
-        try:
-            report = results.get(timeout=0.1)
-        except queue.Empty:
-            if time.monotonic() > deadline or not any(p.is_alive() for p in procs):
-                break
-            continue
-        reports[report[0]["worker"]] = report
+    waiting = dict(zip(pipes, range(1, len(pipes) + 1)))
+    while waiting:
+        left = deadline - time.monotonic()
+        ready: list[Any] = multiprocessing.connection.wait(list(waiting), max(0.0, left))
+        if not ready:
+            break
+        for pipe in ready:
+            k = waiting.pop(pipe)
+            try:
+                reports[k] = pipe.recv()
+            except EOFError:  # gone without a word
+                pass
+            pipe.close()
+    for pipe in waiting:
+        pipe.close()
     for proc in procs:
         proc.join(timeout=max(0.0, deadline - time.monotonic()))
         if proc.is_alive():
@@ -146,4 +159,5 @@ def work(url: str, worker: int, lease: float, results: Any, parent: int) -> None
             report = relay.report(worker, elapsed), relay.counts()
     except BaseException:  # noqa: BLE001 - the coordinator reports it
         report = _failed(worker, os.getpid(), traceback.format_exc(limit=5))
-    results.put(report)
+    with results, contextlib.suppress(OSError):  # a coordinator killed hears nothing
+        results.send(report)

@@ -51,8 +51,9 @@ uses ``LISTEN`` on a connection of its own, opened at its first call, and begins
 wait with an empty statement on it: the notifications of every commit that returned
 before the wait arrive before that statement's reply. Work committed before the
 ``LISTEN`` is seen from the seq counters, read when the store opened and again at every
-(re)connection of the listener: a dropped connection can cost a spurious wake-up, never
-a missed one.
+(re)connection of the listener (a seq taken by a commit still in flight then wakes the
+wait early: the claim that follows finds nothing yet, and the commit's notification wakes
+the next wait). A dropped connection can cost a spurious wake-up, never a missed one.
 
 **Connections** come from a pool of the store (:class:`_Pool`, :class:`_AsyncPool`):
 ``pool_size`` at most, the one that opened the store kept open. A connection is checked
@@ -1549,7 +1550,7 @@ class PostgresStore:
                     return True
                 # A round trip: the notifications of every commit that returned before
                 # this call arrive before its reply (see _listen).
-                pool.listener.execute("")
+                pool.listener.execute("", prepare=False)
                 left = deadline - time.monotonic()
                 waiting = pool.listener.notifies(
                     timeout=None if left == float("inf") else max(left, 0.0), stop_after=1
@@ -1981,7 +1982,8 @@ class AsyncPostgresStore:
             try:
                 if self._pool.listener is None and await self._listen():
                     return True
-                await self._pool.listener.execute("")  # see PostgresStore.wait_for_work
+                # A round trip first (see PostgresStore.wait_for_work).
+                await self._pool.listener.execute("", prepare=False)
                 left = deadline - time.monotonic()
                 waiting = self._pool.listener.notifies(
                     timeout=None if left == float("inf") else max(left, 0.0), stop_after=1

@@ -297,7 +297,7 @@ def _report(result: DemoResult, what: str) -> int:
         note = " (resumed: the counts above are this run's)" if result["resumed"] else ""
         print(
             f"run {result['runs']} of the demonstration in this store{note}; CAS conflicts "
-            f"retried {result['conflicts']:,}, late redeliveries {result['late_redeliveries']:,}"
+            f"retried {result['conflicts']:,}"
         )
     print(f"peak live executions: {result['peak_live_executions']:,} (finished ones are forgotten)")
     print(f"store stats at the end: {result['stats']}")

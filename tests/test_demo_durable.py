@@ -379,6 +379,36 @@ def test_durable_host_on_a_memory_store(impl: Any) -> None:
     assert not result["resumed"] and result["runs"] == 1
 
 
+class WatchedForgets:
+    """A store that notes what is pending each time an order or a child is forgotten."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.seen: list[tuple[int, int]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def forget(self, execution_id: Any) -> None:
+        if execution_id.startswith("order-"):
+            stats = self._store.stats()
+            self.seen.append((stats["outbox"], stats["spawns"]))
+        self._store.forget(execution_id)
+
+
+def test_orders_are_forgotten_only_when_no_relay_can_deliver_to_them(impl: Any) -> None:
+    """A delivery that loaded an order just before it was forgotten would store it again
+    (a commit succeeds where no row exists): orders are forgotten only at quiescent
+    points, with no outbox or spawn entry left."""
+    from harel_store._demo.durable import run_durable
+
+    store = WatchedForgets(impl.DictStore())
+    result = run_durable(store, where="memory:", n=300)
+    assert result["problems"] == []
+    assert len(store.seen) == 3 * result["completed"] + 3 * result["timed_out"]
+    assert set(store.seen) == {(0, 0)}
+
+
 class Crash(BaseException):
     """The process dies here."""
 

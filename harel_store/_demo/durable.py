@@ -10,10 +10,14 @@ Everything a run needs to go on lives in the store, so a run killed at any instr
   first of the last tick's batch), ``runs`` (the incarnation, also the writer epoch of
   its commits, so a run that was given up for dead cannot move the clock any more) and
   ``phase`` (``running``, ``stopping``, ``done``). Only the coordinator writes it.
-- the ledger, execution ``demo/ledger``: the tallies of the orders retired so far. A
-  retirement is a commit of the ledger that marks the order's ``order_finished`` event
-  processed, so an announcement delivered twice is counted once; the order and its
-  children are forgotten after that commit and the announcement acked last.
+- the ledger, execution ``demo/ledger``: the tallies of the orders retired so far, and
+  the ids of those retired since the last tick (``retired``). A relay retires an order
+  with a commit of the ledger that marks its ``order_finished`` event processed, so an
+  announcement delivered twice is counted once, and acks the announcement after it.
+  The coordinator forgets the retired orders with their children at the next quiescent
+  point (below), when no relay can be delivering to them: a delivery that had loaded
+  an order just before it was forgotten would otherwise store it again (a commit
+  succeeds where no row exists).
 - the two services, the orders in flight and their children, with their outbox and
   spawn entries and timers.
 
@@ -101,6 +105,7 @@ def new_ledger() -> Execution:
             "children": 0,
             "missed_pickups": 0,
             "problems": [],
+            "retired": [],
         },
     )
 
@@ -198,7 +203,6 @@ class Relay(_Writer):
         self.spawn_crashes = 0
         self.children_created = 0
         self.dead_letters = 0
-        self.late_redeliveries = 0
         self.timers_fired = 0
         self.retired = 0
         self._lost_acks: list[OutboxEntry] = []
@@ -237,12 +241,7 @@ class Relay(_Writer):
         while True:
             exe = store.load(target)
             if exe is None:
-                if target.startswith("order-"):
-                    # An order (or a child of one) is forgotten once retired; an event
-                    # for it now is a redelivery whose first delivery finished it.
-                    self.late_redeliveries += 1
-                else:
-                    self.dead_letters += 1
+                self.dead_letters += 1
                 return False
             if store.is_processed(target, event_id):
                 self.redeliveries_skipped += 1
@@ -307,8 +306,9 @@ class Relay(_Writer):
         return len(lost) + len(spawns)
 
     def retire(self, event: Event) -> None:
-        """Check a finished order and its children, count it in the ledger (once: the
-        ledger's commit marks the announcement processed), then forget them."""
+        """Check a finished order and its children and count it in the ledger, once:
+        the ledger's commit marks the announcement processed. The coordinator forgets
+        them at the end of the tick."""
         store = self.store
         event_id, order_id = event[0], event[2]
         tally: dict[str, Any] | None = None
@@ -321,13 +321,9 @@ class Relay(_Writer):
                 break
             if tally is None:
                 tally = self._tally(order_id)
-                if tally is None:  # forgotten meanwhile by a relay that took it over
-                    if store.is_processed(LEDGER, event_id):
-                        self.redeliveries_skipped += 1
-                        break
-                    tally = {"problems": [f"{order_id}: announced finished, but not stored"]}
             context = ledger.context
             context["finished"] += 1
+            context["retired"].append(order_id)
             for key, value in tally.items():
                 if key == "problems":
                     for text in value:
@@ -341,15 +337,12 @@ class Relay(_Writer):
                 continue
             self.retired += 1
             break
-        for child in (f"{order_id}/packing", f"{order_id}/shipping"):
-            store.forget(child)
-        store.forget(order_id)
 
-    def _tally(self, order_id: str) -> dict[str, Any] | None:
+    def _tally(self, order_id: str) -> dict[str, Any]:
         store = self.store
         order = store.load(order_id)
         if order is None:
-            return None
+            return {"problems": [f"{order_id}: announced finished, but not stored"]}
         problems: list[str] = []
         planned = planned_status(self.fates[order_index(order_id)])
         status = order.status
@@ -405,7 +398,6 @@ class Relay(_Writer):
             "spawns_skipped": self.spawns_skipped,
             "spawn_crashes": self.spawn_crashes,
             "dead_letters": self.dead_letters,
-            "late_redeliveries": self.late_redeliveries,
         }
 
 
@@ -559,6 +551,24 @@ class Coordinator(_Writer):
         self.peak = max(self.peak, stats["executions"])
         return stats["outbox"] + stats["spawns"]
 
+    def forget_retired(self) -> int:
+        """At a quiescent point: forget the orders retired since the last one, with
+        their children, and say how many orders are finished. (Forgotten first, then
+        cleared from the ledger: a crash between makes the next run forget them again.)"""
+        store = self.store
+        ledger = store.load(LEDGER)
+        if ledger is None:
+            return 0
+        retired = ledger.context["retired"]
+        if retired:
+            for order_id in retired:
+                store.forget(f"{order_id}/packing")
+                store.forget(f"{order_id}/shipping")
+                store.forget(order_id)
+            ledger.context["retired"] = []
+            self.commit(ledger, NOTHING, None, "forgotten", "open", f"forgot-{self.tick}")
+        return int(ledger.context["finished"])
+
     def _finished(self) -> int:
         ledger = self.store.load(LEDGER)
         return 0 if ledger is None else int(ledger.context["finished"])
@@ -610,12 +620,10 @@ class Coordinator(_Writer):
         )
         problems.extend(tallies["problems"])
         expect("dead letters", total.get("dead_letters", 0), 0)
-        # Each lost ack is delivered again: skipped by is_processed, or, when the order
-        # was retired meanwhile (another relay, or a killed one's claim), found gone.
         _at_least(
             problems,
-            "redeliveries skipped or late",
-            total.get("redeliveries_skipped", 0) + total.get("late_redeliveries", 0),
+            "redeliveries skipped",
+            total.get("redeliveries_skipped", 0),
             total.get("outbox_crashes", 0),
         )
         _at_least(
@@ -650,7 +658,7 @@ class Coordinator(_Writer):
                 "outbox": 0,
                 "spawns": 0,
                 "timers": 0,
-                "processed": sum(e.version - 1 for e in keep if e is not driver),
+                "processed": sum(s.version - 1 for s in services if s is not None) + finished,
                 "traces": 4,
                 "trace_steps": sum(min(e.version, trace_max or e.version) for e in keep),
             },
@@ -685,7 +693,6 @@ class Coordinator(_Writer):
             resumed=self.resumed,
             runs=driver.context["runs"],
             conflicts=self.conflicts + sum(r["conflicts"] for r in reports),
-            late_redeliveries=total.get("late_redeliveries", 0),
             workers=reports,
         )
 
@@ -766,8 +773,9 @@ def run_durable(
             pause = min(pause * 2, 0.1)
             continue
         pause = 0.001
+        finished = coord.forget_retired()
         if progress is not None:
-            progress(coord.finished(), coord.n)
+            progress(finished, coord.n)
         if coord.over():
             break
         coord.advance()

@@ -63,7 +63,6 @@ class DemoResult(TypedDict, total=False):
     resumed: bool
     runs: int
     conflicts: int
-    late_redeliveries: int
     workers: list[WorkerReport]
 
 

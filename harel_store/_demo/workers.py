@@ -74,8 +74,9 @@ def run_workers(
                 pause = min(pause * 1.5, 0.05)
                 continue
             pause = 0.002
+            finished = coord.forget_retired()
             if progress is not None:
-                progress(coord.finished(), coord.n)
+                progress(finished, coord.n)
             if coord.over():
                 break
             coord.advance()

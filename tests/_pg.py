@@ -245,7 +245,6 @@ def unavailable() -> str | None:
     """Why there can be no PostgreSQL for the tests, or ``None``."""
     try:
         import psycopg  # noqa: F401
-        import psycopg_pool  # noqa: F401
     except ImportError as exc:
         return f"psycopg is not installed ({exc}): pip install 'harel-store[postgres]'"
     if os.environ.get(URL_ENV):

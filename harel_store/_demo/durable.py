@@ -35,10 +35,15 @@ its target, skips it if ``is_processed``, runs the handler on the loaded copy an
 it with a ``commit_id`` of this relay's own (``TOKEN:event id``): a ``StoreConflict``
 (another process committed the execution meanwhile) reloads and runs the handler again,
 and a commit whose outcome is unknown (a ``StoreError``, such as a dropped connection)
-is retried as it was, which writes nothing if the first try landed. Like the in-process relays, a relay "loses" the
-ack of some entries: it delivers them again at its next round (skipped by
-``is_processed``) before it acks them. A process that dies holding claims leaves them to
-the others, or to the resumed run, once their lease runs out.
+is retried as it was, which writes nothing if the first try landed. Like the
+in-process relays, a relay "loses" the ack of some entries: it delivers them again at
+its next round (skipped by ``is_processed``) before it acks them. A process that dies
+holding claims leaves them to the others, or to the resumed run, once their lease runs
+out.
+
+What the relays count (events delivered, timers fired, children created) is checked
+against the store only when no process of the run died: a killed process's counts die
+with it. Everything else is checked from the store, whatever happened.
 """
 
 from __future__ import annotations

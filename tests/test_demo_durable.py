@@ -336,7 +336,10 @@ def test_workers_on_postgres(pg_server: Any, tmp_path: Path) -> None:
 
     name = f"demo_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(pg_server.url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+        try:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        except psycopg.errors.InsufficientPrivilege as exc:
+            pytest.skip(f"the demo runs in a database of its own, and this server says: {exc}")
     try:
         url = re.sub(r"/postgres(\?|$)", rf"/{name}\1", pg_server.url, count=1)
         assert name in url

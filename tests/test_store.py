@@ -382,12 +382,6 @@ class TestTimers:
 # A store bug, reported to the owner of postgres.py: AsyncPostgresStore._record_trace
 # does not open the store (its schema is created at the first coroutine call), so as the
 # first call on a new database it fails with UndefinedTable "trace_index".
-RECORD_TRACE_UNOPENED = (
-    "AsyncPostgresStore._record_trace as the first call does not open the store: "
-    "UndefinedTable trace_index on a new schema"
-)
-
-
 def steps(store: Any, eid: Any = "e1") -> list[int]:
     return [step["index"] for step in store.read_trace(eid)]
 
@@ -511,11 +505,7 @@ class TestTrace:
         assert_holds(cstore, exe)
         assert exe.version == 1
 
-    def test_record_trace_is_the_plain_recorder(
-        self, cstore: Any, request: pytest.FixtureRequest
-    ) -> None:
-        if request.node.callspec.params["make_store"] == "postgres-async":
-            request.applymarker(pytest.mark.xfail(strict=True, reason=RECORD_TRACE_UNOPENED))
+    def test_record_trace_is_the_plain_recorder(self, cstore: Any) -> None:
         assert not inspect.iscoroutinefunction(cstore._record_trace)
         assert cstore._record_trace("e1", {"via": "recorder"}) is None
         cstore.append_trace("e1", {})

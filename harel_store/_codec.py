@@ -261,3 +261,33 @@ class JsonCodec:
 
 JSON = JsonCodec()
 """The codec a durable store uses when it is given none."""
+
+
+def encode_execution(codec: Any, exe: Any, eid: str) -> str | bytes:
+    """``codec.encode_execution(exe)``, its failures and odd results a ``TypeError``
+    that names the execution: what a durable store raises before it writes."""
+    try:
+        data = codec.encode_execution(exe)
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        raise TypeError(f"cannot encode the execution {eid!r}: {exc}") from exc
+    if type(data) is not str and type(data) is not bytes:
+        raise TypeError(
+            f"the codec encoded the execution {eid!r} as a {type(data).__name__}, "
+            "not a str or bytes"
+        )
+    return data
+
+
+def encode_value(codec: Any, value: Any, what: str, i: int = -1) -> str | bytes:
+    """``codec.encode_value(value)``, its failures a ``TypeError`` naming ``what``
+    (``what[i]`` for an item of a list)."""
+    try:
+        data = codec.encode_value(value)
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        where = what if i < 0 else f"{what}[{i}]"
+        raise TypeError(f"cannot encode {where}: {exc}") from exc
+    if type(data) is not str and type(data) is not bytes:
+        where = what if i < 0 else f"{what}[{i}]"
+        raise TypeError(f"the codec encoded {where} as a {type(data).__name__}, not a str or bytes")
+    return data
+

@@ -90,7 +90,7 @@ import weakref
 from collections.abc import Generator, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import _checks, _copy
+from . import _checks, _codec, _copy
 from ._codec import JSON
 from ._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError
 from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
@@ -814,29 +814,10 @@ class _Core:
         ]
 
     def _encode_exe(self, exe: Any, eid: str) -> Any:
-        try:
-            data = self.codec.encode_execution(exe)
-        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
-            raise TypeError(f"cannot encode the execution {eid!r}: {exc}") from exc
-        if type(data) is not str and type(data) is not bytes:
-            raise TypeError(
-                f"the codec encoded the execution {eid!r} as a {type(data).__name__}, "
-                "not a str or bytes"
-            )
-        return data
+        return _codec.encode_execution(self.codec, exe, eid)
 
     def _encode(self, value: Any, what: str, i: int = -1) -> Any:
-        try:
-            data = self.codec.encode_value(value)
-        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
-            where = what if i < 0 else f"{what}[{i}]"
-            raise TypeError(f"cannot encode {where}: {exc}") from exc
-        if type(data) is not str and type(data) is not bytes:
-            where = what if i < 0 else f"{what}[{i}]"
-            raise TypeError(
-                f"the codec encoded {where} as a {type(data).__name__}, not a str or bytes"
-            )
-        return data
+        return _codec.encode_value(self.codec, value, what, i)
 
     def _digest(self, body: _checks.Body, commit_id: str) -> bytes:
         """What a replay of ``commit_id`` is compared with: a SHA-256 of the body in the

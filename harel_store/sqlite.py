@@ -60,7 +60,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from . import _checks, _copy
+from . import _checks, _codec, _copy
 from ._codec import JSON, Codec, JsonCodec
 from ._copy import Digest
 from ._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError
@@ -1035,29 +1035,10 @@ class SqliteStore:
             )
 
     def _encode_exe(self, exe: Any, eid: str) -> Any:
-        try:
-            data = self._codec.encode_execution(exe)
-        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
-            raise TypeError(f"cannot encode the execution {eid!r}: {exc}") from exc
-        if type(data) is not str and type(data) is not bytes:
-            raise TypeError(
-                f"the codec encoded the execution {eid!r} as a {type(data).__name__}, "
-                "not a str or bytes"
-            )
-        return data
+        return _codec.encode_execution(self._codec, exe, eid)
 
     def _encode(self, value: Any, what: str, i: int = -1) -> Any:
-        try:
-            data = self._codec.encode_value(value)
-        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
-            where = what if i < 0 else f"{what}[{i}]"
-            raise TypeError(f"cannot encode {where}: {exc}") from exc
-        if type(data) is not str and type(data) is not bytes:
-            where = what if i < 0 else f"{what}[{i}]"
-            raise TypeError(
-                f"the codec encoded {where} as a {type(data).__name__}, not a str or bytes"
-            )
-        return data
+        return _codec.encode_value(self._codec, value, what, i)
 
     def _digest(self, body: _checks.Body, commit_id: str) -> bytes:
         """What a replay of ``commit_id`` is compared with: a SHA-256 of the body in the

@@ -110,6 +110,8 @@ def load(path: str) -> tuple[Medians, Samples, dict[str, str], dict[str, object]
     per: dict[str, str] = {}
     starts = []
     for bench in suite.get_benchmarks():
+        if is_durable(bench):
+            continue
         impl, _, case = bench.get_name().partition(":")
         found.setdefault(case, {})[impl] = bench.median()
         samples.setdefault(case, {})[impl] = [run.values for run in bench.get_runs() if run.values]
@@ -269,6 +271,281 @@ def targets(medians: Medians, samples: Samples | None = None) -> list[Row]:
     return rows
 
 
+# --- the durable stores (perf/bench_durable.py) ------------------------------------------
+
+DURABLE_TARGETS = ("sqlite-normal", "sqlite-full", "postgres")
+DURABLE_STORE = {
+    "sqlite-normal": ("SqliteStore", "synchronous=NORMAL"),
+    "sqlite-full": ("SqliteStore", "synchronous=FULL"),
+    "postgres": ("PostgresStore", "server defaults, 1 connection"),
+}
+PEERS = ("eventsourcing", "langgraph")
+# The case whose floor a case is held to, when it is another case's: a minimal commit
+# writes what a save writes (one CAS update in one transaction).
+FLOOR_OF = {"commit_minimal": "save"}
+# Every case of every store (fnmatch patterns), and those of some stores only.
+DURABLE_CASES = (
+    "harel:load",
+    "floor:load",
+    "harel:save",
+    "floor:save",
+    "harel:commit_minimal",
+    "harel:commit_typical",
+    "floor:commit_typical",
+    "eventsourcing:commit_typical",
+    "langgraph:commit_typical",
+    "harel:commit_typical_id_epoch",
+    "harel:commit_replayed",
+    "harel:trace_append_full",
+    "harel:due_timers_*",
+    "harel:claim_due_timers_*",
+    "harel:claim_ack_*",
+    "harel:wait_for_work",
+)
+DURABLE_SCALED = ("harel:scale_sweep_*", "harel:scale_claim_*")  # two sizes each
+DURABLE_DEMO = ("harel:demo_1_worker", "harel:demo_2_workers")
+SCALED_TARGETS = ("sqlite-normal", "postgres")  # the scaling sweep and the demo
+MACHINE_CASES = ("disk:fsync", "json:codec_typical")
+DURABLE_NOTE = (
+    "Generated from the JSON of `perf/bench_durable.py`. *figure* is the store's median "
+    "time per operation (per entry for `claim_ack`, per wake-up for `wait_for_work`, per "
+    "commit across both processes for `commit_typical_2_writers`, per execution for the "
+    "demo). *floor* is the same writes typed by hand as the fewest `sqlite3`/psycopg "
+    "calls in one transaction, JSON encoding included, on the same database; its ratio is "
+    "figure / floor (1.00× is the floor). *peer* is what a peer library takes for the "
+    "equivalent write on the same database and settings; its ratio is peer / figure (above "
+    "1.00×, the store is faster)."
+)
+
+DKey = str  # "<target>:<case>"
+
+
+def is_durable(bench: pyperf.Benchmark) -> bool:
+    return bench.get_name().count(":") == 2
+
+
+class Durable(NamedTuple):
+    medians: Medians  # "<target>:<case>" -> impl -> median seconds
+    samples: Samples
+    per: dict[str, str]
+
+
+def load_durable(path: str) -> Durable:
+    """The durable benchmarks of a JSON file: ``<target>:<impl>:<case>``, keyed as
+    ``<target>:<case>`` -> impl, so that :func:`interval_of` compares any two."""
+    suite = pyperf.BenchmarkSuite.load(path)
+    medians: Medians = {}
+    samples: Samples = {}
+    per: dict[str, str] = {}
+    for bench in suite.get_benchmarks():
+        if not is_durable(bench):
+            continue
+        target, impl, case = bench.get_name().split(":")
+        key = f"{target}:{case}"
+        medians.setdefault(key, {})[impl] = bench.median()
+        samples.setdefault(key, {})[impl] = [run.values for run in bench.get_runs() if run.values]
+        per[key] = str(bench.get_metadata().get("harel_per", "call"))
+    return Durable(medians, samples, per)
+
+
+def merge_durable(parts: list[Durable]) -> Durable:
+    out = Durable({}, {}, {})
+    for part in parts:
+        for key, times in part.medians.items():
+            out.medians.setdefault(key, {}).update(times)
+        for key, runs in part.samples.items():
+            out.samples.setdefault(key, {}).update(runs)
+        out.per.update(part.per)
+    return out
+
+
+def _dfind(medians: Medians, target: str, prefix: str) -> list[str]:
+    """The keys of ``target`` whose case starts with ``prefix``, smallest size first."""
+    keys = [k for k in medians if k.startswith(f"{target}:{prefix}")]
+    return sorted(keys, key=lambda k: _size_of(k.rpartition("_")[2]))
+
+
+def _size_of(text: str) -> int:
+    match = re.fullmatch(r"(\d+)([km]?)", text)
+    if match is None:
+        return 0
+    return int(match[1]) * {"": 1, "k": 1000, "m": 1_000_000}[match[2]]
+
+
+def durable_targets(d: Durable) -> list[Row]:
+    """The targets of issue 14, each measured on this run. A ratio is judged on its 95%
+    interval (resampled worker processes, as the speed-ups above); the scaling on the
+    medians."""
+    rows: list[Row] = []
+    med, smp = d.medians, d.samples
+
+    def judge(
+        label: str, num: tuple[str, str], den: tuple[str, str], want: float, most: bool
+    ) -> None:
+        """num's median over den's (each a ``(key, impl)``): at most ``want`` when ``most``,
+        else at least ``want``."""
+        a = med.get(num[0], {}).get(num[1])
+        b = med.get(den[0], {}).get(den[1])
+        if a is None or b is None:
+            rows.append(Row(label, "—", "MISSING"))
+            return
+        ratio = a / b
+        bounds = interval_of(smp, den, num) or (ratio, ratio)
+        low, high = bounds
+        measured = fmt_ratio(ratio)
+        if low != high:
+            measured += f" ({low:.2f}–{high:.2f})"
+        if most:
+            status = "PASS" if high <= want else "FAIL" if low > want else "WITHIN NOISE"
+        else:
+            status = "PASS" if low >= want else "FAIL" if high < want else "WITHIN NOISE"
+        rows.append(Row(label, measured, status))
+
+    for target in DURABLE_TARGETS:
+        key = f"{target}:commit_typical"
+        judge(
+            f"{target}, `commit_typical` ≤ 1.25× its floor",
+            (key, "harel"),
+            (key, "floor"),
+            1.25,
+            True,
+        )
+    for target in DURABLE_TARGETS:
+        key = f"{target}:load"
+        judge(f"{target}, `load` ≤ 1.2× its floor", (key, "harel"), (key, "floor"), 1.2, True)
+    for target, what in (("sqlite-full", "synchronous=FULL"), ("postgres", "server defaults")):
+        judge(
+            f"{target} ({what}), one writer's commits/s ≥ 70% of the disk's fsyncs/s"
+            " (fsync time / `commit_typical` time)",
+            ("machine:fsync", "disk"),
+            (f"{target}:commit_typical", "harel"),
+            0.7,
+            False,
+        )
+    judge(
+        "postgres, 2 writers commit more per second than 1"
+        " (`commit_typical` time / `commit_typical_2_writers` time > 1.0×)",
+        ("postgres:commit_typical", "harel"),
+        ("postgres:commit_typical_2_writers", "harel"),
+        1.0,
+        False,
+    )
+    for target in DURABLE_TARGETS:
+        key = f"{target}:commit_typical"
+        for peer in PEERS:
+            judge(
+                f"{target}, `commit_typical` ≥ 1.0× {peer} (peer time / ours)",
+                (key, peer),
+                (key, "harel"),
+                1.0,
+                False,
+            )
+    for target in SCALED_TARGETS:
+        for fam in ("scale_sweep", "scale_claim"):
+            keys = _dfind(med, target, fam + "_")
+            if len(keys) < 2 or "harel" not in med[keys[0]] or "harel" not in med[keys[-1]]:
+                rows.append(
+                    Row(f"{target}, `{fam}` at the large size ≤ 1.5× the small", "—", "MISSING")
+                )
+                continue
+            small, large = keys[0], keys[-1]
+            ratio = med[large]["harel"] / med[small]["harel"]
+            label = f"{target}, `{large.partition(':')[2]}` ≤ 1.5× `{small.partition(':')[2]}`"
+            rows.append(Row(label, fmt_ratio(ratio), "PASS" if ratio <= 1.5 else "FAIL"))
+    return rows
+
+
+def durable_missing(d: Durable, targets: tuple[str, ...]) -> list[str]:
+    """``target:impl:case`` of every case a store lacks, and every median that is not a
+    positive number."""
+    problems = []
+    for target in targets:
+        patterns = list(DURABLE_CASES)
+        if target in SCALED_TARGETS:
+            patterns += DURABLE_SCALED + DURABLE_DEMO
+        if target == "postgres":
+            patterns.append("harel:commit_typical_2_writers")
+        for pattern in patterns:
+            impl, _, case = pattern.partition(":")
+            regex = re.compile(re.escape(f"{target}:{case}").replace(r"\*", ".+"))
+            have = sum(1 for k, t in d.medians.items() if regex.fullmatch(k) and impl in t)
+            if have < (2 if pattern in DURABLE_SCALED else 1):
+                problems.append(f"{target}:{pattern}")
+    if targets:
+        for pattern in MACHINE_CASES:
+            impl, _, case = pattern.partition(":")
+            if impl not in d.medians.get(f"machine:{case}", {}):
+                problems.append(f"machine:{pattern}")
+    for key, times in d.medians.items():
+        for impl, seconds in times.items():
+            if not (math.isfinite(seconds) and seconds > 0):
+                problems.append(f"{key} {impl} has median {seconds!r}")
+    return problems
+
+
+def render_durable(d: Durable) -> list[str]:
+    med = d.medians
+    out = ["## Durable stores", "", DURABLE_NOTE, ""]
+    header = ["store", "setting", "case", "figure", "floor", "ratio", "peer", "ratio"]
+    rows = []
+    for key, times in med.items():
+        target, _, case = key.partition(":")
+        if target not in DURABLE_STORE or "harel" not in times:
+            continue
+        store, setting = DURABLE_STORE[target]
+        figure = times["harel"]
+        floor = med.get(f"{target}:{FLOOR_OF.get(case, case)}", {}).get("floor")
+        peers = [(p, times[p]) for p in PEERS if p in times]
+        per = d.per.get(key, "call")
+        rows.append(
+            [
+                store,
+                setting,
+                f"`{case}`" + ("" if per == "call" else f" (per {per})"),
+                fmt_time(figure),
+                fmt_time(floor),
+                fmt_ratio(None if floor is None else figure / floor),
+                "<br>".join(f"{p} {fmt_time(t)}" for p, t in peers) or "—",
+                "<br>".join(fmt_ratio(t / figure) for _, t in peers) or "—",
+            ]
+        )
+    out += table(header, rows, "lllrrrlr")
+    fsync = med.get("machine:fsync", {}).get("disk")
+    if fsync:
+        out += [
+            "",
+            f"The disk: a 4 KiB write + `fdatasync` takes {fmt_time(fsync)}, {1 / fsync:,.0f} per second.",
+        ]
+    codec = med.get("machine:codec_typical", {})
+    if "json" in codec:
+        line = (
+            f"The codec: encode + decode of what a typical commit encodes and a load decodes "
+            f"takes {fmt_time(codec['json'])} with the default JSON codec"
+        )
+        if "orjson" in codec:
+            line += f", {fmt_time(codec['orjson'])} with orjson"
+        shares = []
+        for target in DURABLE_TARGETS:
+            typical = med.get(f"{target}:commit_typical", {}).get("harel")
+            if typical:
+                share = f"{target} {codec['json'] / typical:.1%}"
+                if "orjson" in codec:
+                    share += f" ({(codec['json'] - codec['orjson']) / typical:.1%})"
+                shares.append(share)
+        if shares:
+            saved = " (and what orjson would save of it, at most)" if "orjson" in codec else ""
+            line += f". Its share of `commit_typical`{saved}: " + ", ".join(shares)
+        line += "."
+        out += ["", line]
+    out += ["", "### Durable targets", "", TARGETS_NOTE, ""]
+    out += table(
+        ["target", "measured (95% interval)", "result"],
+        [list(r) for r in durable_targets(d)],
+        "lrl",
+    )
+    return out
+
+
 def missing(medians: Medians, required: tuple[str, ...]) -> list[str]:
     """``impl:case`` of every suite case a required implementation lacks, and of every
     median that is not a positive number."""
@@ -295,17 +572,43 @@ def table(header: list[str], rows: list[list[str]], align: str) -> list[str]:
 
 
 def render(
-    medians: Medians, samples: Samples, per: dict[str, str], metadata: dict[str, object]
+    medians: Medians,
+    samples: Samples,
+    per: dict[str, str],
+    metadata: dict[str, object],
+    durable: Durable | None = None,
+    durable_metadata: dict[str, object] | None = None,
 ) -> str:
-    impls = [i for i in IMPLS if any(i in times for times in medians.values())]
     out = ["# harel-store benchmarks", ""]
-    if metadata.get("harel_sizes") == "quick":
+    quick = (
+        metadata.get("harel_sizes") == "quick"
+        or (durable_metadata or {}).get("harel_sizes") == "quick"
+    )
+    if quick:
         out += [
             "> **Smoke run** (`--quick`): sizes shrunk and too few values to mean anything;",
             "> the targets apply to a full run.",
             "",
         ]
-    out += [
+    if medians:
+        out += render_store(medians, samples, per)
+    if durable is not None and durable.medians:
+        out += render_durable(durable)
+    out += ["", "## Machine", ""]
+    rows = [[f"`{key}`", str(metadata[key])] for key in MACHINE_KEYS if key in metadata]
+    extra = durable_metadata or {}
+    for key in sorted(extra):
+        if key.startswith(("harel_peer_", "harel_pg_", "harel_sqlite_", "harel_typical")):
+            rows.append([f"`{key}`", str(extra[key])])
+    if metadata is not extra and "date" in extra:
+        rows.append(["`date` (durable run)", str(extra["date"])])
+    out += table(["", ""], rows, "ll")
+    return "\n".join(out) + "\n"
+
+
+def render_store(medians: Medians, samples: Samples, per: dict[str, str]) -> list[str]:
+    impls = [i for i in IMPLS if any(i in times for times in medians.values())]
+    out = [
         INTRO,
         "",
         "## All cases",
@@ -366,28 +669,66 @@ def render(
                 )
     header = ["impl", "drain", "small", "large", "growth", "size ratio"]
     out += table(header, rows, "llrrrr")
-
-    out += ["", "## Machine", ""]
-    rows = [[f"`{key}`", str(metadata[key])] for key in MACHINE_KEYS if key in metadata]
-    out += table(["", ""], rows, "ll")
-    return "\n".join(out) + "\n"
+    out.append("")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("json", help="the file bench_store.py -o wrote")
+    parser.add_argument(
+        "json",
+        nargs="+",
+        help="the files bench_store.py -o and bench_durable.py -o wrote (either or both)",
+    )
     parser.add_argument(
         "--require",
         metavar="IMPLS",
         help="comma-separated implementations (or 'all', 'both') that must have every "
         "case: exit 1 naming what is missing",
     )
+    parser.add_argument(
+        "--require-durable",
+        metavar="STORES",
+        help="comma-separated durable stores (sqlite-normal, sqlite-full, postgres, or "
+        "'all') that must have every case of bench_durable.py: exit 1 naming what is missing",
+    )
     parser.add_argument("--strict", action="store_true", help="exit 1 unless every target passes")
     args = parser.parse_args(argv)
 
-    medians, samples, per, metadata = load(args.json)
-    sys.stdout.write(render(medians, samples, per, metadata))
+    medians: Medians = {}
+    samples: Samples = {}
+    per: dict[str, str] = {}
+    metadata: dict[str, object] = {}
+    durable_metadata: dict[str, object] = {}
+    parts = []
+    for path in args.json:
+        found, runs, covers, meta = load(path)
+        part = load_durable(path)
+        parts.append(part)
+        if found:
+            medians.update(found)
+            samples.update(runs)
+            per.update(covers)
+            metadata = meta
+        if part.medians:
+            durable_metadata = meta
+    durable = merge_durable(parts)
+    if not metadata:
+        metadata = durable_metadata
+    sys.stdout.write(render(medians, samples, per, metadata, durable, durable_metadata))
     status = 0
+    if args.require_durable:
+        stores = tuple(
+            t
+            for w in args.require_durable.split(",")
+            for t in {"all": DURABLE_TARGETS, "sqlite": DURABLE_TARGETS[:2]}.get(w, (w,))
+        )
+        problems = durable_missing(durable, stores)
+        if problems:
+            print(
+                "report: missing or invalid durable cases: " + ", ".join(problems), file=sys.stderr
+            )
+            status = 1
     if args.require:
         aliases: dict[str, tuple[str, ...]] = {"all": IMPLS, "both": ("compiled", "pure")}
         required = tuple(i for w in args.require.split(",") for i in aliases.get(w, (w,)))
@@ -396,7 +737,9 @@ def main(argv: list[str] | None = None) -> int:
             print("report: missing or invalid: " + ", ".join(problems), file=sys.stderr)
             status = 1
     if args.strict:
-        failed = [r.target for r in targets(medians, samples) if r.status != "PASS"]
+        rows = targets(medians, samples) if medians else []
+        rows += durable_targets(durable) if durable.medians else []
+        failed = [r.target for r in rows if r.status != "PASS"]
         if failed:
             print("report: targets not met: " + "; ".join(failed), file=sys.stderr)
             status = 1

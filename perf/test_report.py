@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import random
 import statistics
+from pathlib import Path
 
+import pyperf
 import pytest
 import report
 
@@ -157,3 +159,158 @@ def test_the_protocol_cases_are_required_of_the_stores_not_of_the_spec_port() ->
     del medians["commit_replayed"]
     assert report.missing(medians, ("pure", "spec")) == ["pure:commit_replayed", "pure:claim_ack_*"]
     assert report.missing(medians, ("spec",)) == []
+
+
+# --- the durable stores (bench_durable.py) ----------------------------------------------
+
+
+def durable(times: dict[str, dict[str, float]], spread: float = 0.0) -> report.Durable:
+    """A made-up durable run: ``"<target>:<case>" -> impl -> seconds``, each benchmark
+    10 worker processes around that time (exactly it when ``spread`` is 0)."""
+    samples: report.Samples = {
+        key: {impl: runs(t, spread, seed=i) for i, (impl, t) in enumerate(by.items())}
+        for key, by in times.items()
+    }
+    return report.Durable(medians_of(samples), samples, {})
+
+
+def durable_row(d: report.Durable, start: str) -> report.Row:
+    return next(r for r in report.durable_targets(d) if r.target.startswith(start))
+
+
+@pytest.mark.parametrize(
+    ("harel", "status"), [(1.2e-3, "PASS"), (1.25e-3, "WITHIN NOISE"), (1.4e-3, "FAIL")]
+)
+def test_a_typical_commit_is_held_to_1_25_times_its_floor(harel: float, status: str) -> None:
+    d = durable({"postgres:commit_typical": {"harel": harel, "floor": 1.0e-3}}, spread=0.02)
+    row = durable_row(d, "postgres, `commit_typical` ≤ 1.25×")
+    assert row.status == status
+    assert row.measured.startswith(f"{harel / 1.0e-3:.2f}×")
+    assert durable_row(d, "sqlite-full, `commit_typical` ≤").status == "MISSING"
+
+
+@pytest.mark.parametrize(("harel", "status"), [(1.19e-4, "PASS"), (1.21e-4, "FAIL")])
+def test_a_load_is_held_to_1_2_times_its_floor(harel: float, status: str) -> None:
+    d = durable({"sqlite-normal:load": {"harel": harel, "floor": 1.0e-4}})
+    assert durable_row(d, "sqlite-normal, `load` ≤ 1.2×").status == status
+
+
+@pytest.mark.parametrize(("commit", "status"), [(0.7e-3, "PASS"), (0.75e-3, "FAIL")])
+def test_one_writer_reaches_70_percent_of_the_fsync_rate(commit: float, status: str) -> None:
+    """The disk does 2,000 fsyncs/s: a commit of 0.7 ms is 1,428/s (71%), 0.75 ms 67%."""
+    d = durable(
+        {"machine:fsync": {"disk": 0.5e-3}, "sqlite-full:commit_typical": {"harel": commit}}
+    )
+    row = durable_row(d, "sqlite-full (synchronous=FULL), one writer")
+    assert row.status == status
+    assert durable_row(d, "postgres (server defaults), one writer").status == "MISSING"
+
+
+@pytest.mark.parametrize(("two", "status"), [(0.8e-3, "PASS"), (1.2e-3, "FAIL")])
+def test_two_postgres_writers_must_beat_one(two: float, status: str) -> None:
+    d = durable(
+        {
+            "postgres:commit_typical": {"harel": 1.0e-3},
+            "postgres:commit_typical_2_writers": {"harel": two},
+        }
+    )
+    assert durable_row(d, "postgres, 2 writers").status == status
+
+
+def test_the_typical_commit_must_be_as_fast_as_each_peer() -> None:
+    d = durable(
+        {
+            "sqlite-full:commit_typical": {
+                "harel": 1.0e-3,
+                "eventsourcing": 1.5e-3,
+                "langgraph": 0.9e-3,
+            }
+        }
+    )
+    assert durable_row(d, "sqlite-full, `commit_typical` ≥ 1.0× eventsourcing").status == "PASS"
+    row = durable_row(d, "sqlite-full, `commit_typical` ≥ 1.0× langgraph")
+    assert (row.measured, row.status) == ("0.90×", "FAIL")
+
+
+@pytest.mark.parametrize(("large", "status"), [(1.4e-3, "PASS"), (1.6e-3, "FAIL")])
+def test_the_scaling_sweep_stays_within_1_5_times(large: float, status: str) -> None:
+    d = durable(
+        {
+            "postgres:scale_sweep_10k": {"harel": 1.0e-3},
+            "postgres:scale_sweep_1m": {"harel": large},
+        }
+    )
+    row = durable_row(d, "postgres, `scale_sweep_1m` ≤ 1.5× `scale_sweep_10k`")
+    assert row.status == status
+    assert durable_row(d, "postgres, `scale_claim`").status == "MISSING"
+
+
+def durable_run(tmp_path: Path) -> Path:
+    """A JSON file as bench_durable.py writes it, every case of one store, every value
+    1 ms (the floors 0.9 ms, the peers 2 ms), and the machine's cases."""
+    names = ["machine:disk:fsync", "machine:json:codec_typical"]
+    for pattern in report.DURABLE_CASES + report.DURABLE_SCALED + report.DURABLE_DEMO:
+        sizes = ("10k", "1m") if pattern in report.DURABLE_SCALED else ("10k",)
+        for n in sizes:
+            names.append("sqlite-normal:" + pattern.replace("*", n))
+    suite = None
+    for name in names:
+        impl = name.split(":")[1]
+        value = {"floor": 0.9e-3, "eventsourcing": 2e-3, "langgraph": 2e-3}.get(impl, 1e-3)
+        run = pyperf.Run(
+            [value, value], metadata={"name": name, "loops": 1}, collect_metadata=False
+        )
+        bench = pyperf.Benchmark([run])
+        if suite is None:
+            suite = pyperf.BenchmarkSuite([bench])
+        else:
+            suite.add_benchmark(bench)
+    assert suite is not None
+    path = tmp_path / "durable.json"
+    suite.dump(str(path))
+    return path
+
+
+def test_the_report_renders_the_durable_table_from_a_durable_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = durable_run(tmp_path)
+    assert report.main([str(path), "--require-durable", "sqlite-normal"]) == 0
+    out = capsys.readouterr().out
+    assert "## Durable stores" in out and "### Durable targets" in out
+    assert "## All cases" not in out  # no bench_store.py run was given
+    header = "| store | setting | case | figure | floor | ratio | peer | ratio |"
+    assert header in out
+    row = next(line for line in out.splitlines() if "`commit_typical` |" in line)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells == [
+        "SqliteStore",
+        "synchronous=NORMAL",
+        "`commit_typical`",
+        "1 ms",
+        "900 µs",
+        "1.11×",
+        "eventsourcing 2 ms<br>langgraph 2 ms",
+        "2.00×<br>2.00×",
+    ]
+    minimal = next(line for line in out.splitlines() if "`commit_minimal` |" in line)
+    assert "900 µs" in minimal  # held to the floor of a save: the same writes
+
+
+def test_the_durable_smoke_names_what_a_store_lacks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = durable_run(tmp_path)
+    assert report.main([str(path), "--require-durable", "sqlite-normal,postgres"]) == 1
+    err = capsys.readouterr().err
+    assert "postgres:harel:commit_typical_2_writers" in err
+    assert "postgres:langgraph:commit_typical" in err
+    assert "sqlite-normal:" not in err
+
+
+def test_strict_fails_on_a_durable_target(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = durable_run(tmp_path)
+    assert report.main([str(path), "--strict"]) == 1  # the other stores are missing
+    assert "sqlite-full, `commit_typical` ≤ 1.25× its floor" in capsys.readouterr().err

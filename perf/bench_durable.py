@@ -806,8 +806,7 @@ class Floor:
         conn.execute("COMMIT")
         exe.version += 1
 
-    # PostgreSQL: one transaction, its statements pipelined (one round trip); the CAS
-    # divides by zero when it updates no row, which aborts the transaction.
+    # PostgreSQL: one statement per operation, so one round trip and one transaction.
 
     def pg_load(self, eid: str) -> Execution:
         row = self.conn.execute(
@@ -818,57 +817,72 @@ class Floor:
         exe.version = row[0]
         return exe
 
-    _PG_CAS = (
-        "WITH u AS (UPDATE executions SET version = %s, body = %s WHERE id = %s AND version = %s"
-        " RETURNING 1) SELECT 1 / count(*) FROM u"
-    )
+    _PG_CAS = "UPDATE executions SET version = %s, body = %s WHERE id = %s AND version = %s"
 
     def pg_save(self, exe: Execution) -> None:
         body = b"t" + dumps(exe_fields(exe)).encode()
-        self.conn.execute(self._PG_CAS, (exe.version + 1, body, exe.id, exe.version))
+        if (
+            self.conn.execute(self._PG_CAS, (exe.version + 1, body, exe.id, exe.version)).rowcount
+            != 1
+        ):
+            raise RuntimeError("floor: conflict")
         exe.version += 1
 
+    # The typical commit as one statement (the fewest calls: one round trip, one
+    # transaction): every write but the CAS happens only if the CAS updated its row.
+    _PG_COMMIT = """
+WITH u AS (
+    UPDATE executions SET version = %(new)s, body = %(body)s WHERE id = %(id)s AND version = %(old)s
+    RETURNING 1
+), e AS (
+    INSERT INTO outbox (target_id, event)
+    SELECT t, e FROM unnest(%(targets)s::text[], %(events)s::bytea[]) AS x (t, e)
+    WHERE EXISTS (SELECT FROM u)
+), m AS (
+    INSERT INTO processed (execution_id, event_id) SELECT %(id)s, %(pev)s
+    WHERE EXISTS (SELECT FROM u) ON CONFLICT DO NOTHING
+), t AS (
+    INSERT INTO timers (execution_id, path, fire_at) SELECT %(id)s, %(path)s, %(at)s
+    WHERE EXISTS (SELECT FROM u)
+    ON CONFLICT (execution_id, path) DO UPDATE
+    SET fire_at = excluded.fire_at, seq = excluded.seq, lease_until = '-infinity'
+), s AS (
+    INSERT INTO spawns (parent_id, child_id, root_path, context)
+    SELECT %(id)s, %(child)s, %(root)s, %(context)s WHERE EXISTS (SELECT FROM u)
+), r AS (
+    UPDATE trace_index SET next_index = next_index + 1
+    WHERE execution_id = %(id)s AND EXISTS (SELECT FROM u) RETURNING next_index
+), st AS (
+    INSERT INTO trace (execution_id, idx, step) SELECT %(id)s, next_index - 1, %(step)s FROM r
+), tr AS (
+    DELETE FROM trace USING r WHERE trace.execution_id = %(id)s AND idx < r.next_index - %(keep)s
+), w AS (
+    SELECT pg_notify(%(channel)s, '') WHERE EXISTS (SELECT FROM u)
+)
+SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM w)"""
+
     def pg_commit(self, exe: Execution, event_id: str, rearm: list[TimerOp]) -> None:
-        conn = self.conn
-        eid = exe.id
         _, path, fire_at = rearm[0]
         child, root, context = SPAWNS[0]
-        with conn.pipeline(), conn.transaction():
-            cur = conn.cursor()
-            cur.execute(
-                self._PG_CAS,
-                (exe.version + 1, b"t" + dumps(exe_fields(exe)).encode(), eid, exe.version),
-            )
-            cur.executemany(
-                "INSERT INTO outbox (target_id, event) VALUES (%s, %s)",
-                [(target, b"t" + dumps(event).encode()) for target, event in EMITS],
-            )
-            cur.execute(
-                "INSERT INTO processed (execution_id, event_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
-                (eid, event_id),
-            )
-            cur.execute(
-                "INSERT INTO timers AS t (execution_id, path, fire_at) VALUES (%s, %s, %s)"
-                " ON CONFLICT (execution_id, path) DO UPDATE"
-                " SET fire_at = excluded.fire_at, seq = excluded.seq, lease_until = '-infinity'",
-                (eid, path, fire_at),
-            )
-            cur.execute(
-                "INSERT INTO spawns (parent_id, child_id, root_path, context) VALUES (%s, %s, %s, %s)",
-                (eid, child, b"t" + dumps(root).encode(), b"t" + dumps(context).encode()),
-            )
-            cur.execute(
-                "WITH r AS (UPDATE trace_index SET next_index = next_index + 1 WHERE execution_id = %s"
-                " RETURNING next_index) INSERT INTO trace (execution_id, idx, step)"
-                " SELECT %s, next_index - 1, %s FROM r",
-                (eid, eid, b"t" + dumps(STEP).encode()),
-            )
-            cur.execute(
-                "DELETE FROM trace WHERE execution_id = %s AND idx <"
-                " (SELECT next_index FROM trace_index WHERE execution_id = %s) - %s",
-                (eid, eid, self.keep),
-            )
-            cur.execute("SELECT pg_notify(%s, '')", (f"harel_store.{SCHEMA_COMMIT}",))
+        params = {
+            "id": exe.id,
+            "old": exe.version,
+            "new": exe.version + 1,
+            "body": b"t" + dumps(exe_fields(exe)).encode(),
+            "targets": [target for target, _ in EMITS],
+            "events": [b"t" + dumps(event).encode() for _, event in EMITS],
+            "pev": event_id,
+            "path": path,
+            "at": fire_at,
+            "child": child,
+            "root": b"t" + dumps(root).encode(),
+            "context": b"t" + dumps(context).encode(),
+            "step": b"t" + dumps(STEP).encode(),
+            "keep": self.keep,
+            "channel": f"harel_store.{SCHEMA_COMMIT}",
+        }
+        if self.conn.execute(self._PG_COMMIT, params).fetchone()[0] != 1:
+            raise RuntimeError("floor: conflict")  # nothing was written
         exe.version += 1
 
 

@@ -201,8 +201,12 @@ def test_one_writer_reaches_70_percent_of_the_fsync_rate(commit: float, status: 
     d = durable(
         {"machine:fsync": {"disk": 0.5e-3}, "sqlite-full:commit_typical": {"harel": commit}}
     )
-    row = durable_row(d, "sqlite-full (synchronous=FULL), one writer")
+    row = durable_row(d, "sqlite-full (synchronous=FULL), one writer's `commit_typical`/s")
     assert row.status == status
+    assert (
+        durable_row(d, "sqlite-full (synchronous=FULL), one writer's `commit_minimal`").status
+        == "MISSING"
+    )
     assert durable_row(d, "postgres (server defaults), one writer").status == "MISSING"
 
 

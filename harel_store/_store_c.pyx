@@ -94,6 +94,7 @@ cdef class _Fifo:
     """Pending entries in seq order; ``live`` is None (dense) or the pending seqs."""
 
     cdef object entries
+    cdef object append
     cdef set live
     cdef object fresh
     cdef dict leases
@@ -101,7 +102,7 @@ cdef class _Fifo:
     cdef list retry
 
     def __cinit__(self):
-        self.entries = deque()
+        self.renew(deque())
         self.live = None
         self.fresh = None
         self.leases = {}
@@ -117,8 +118,17 @@ cdef class _Fifo:
             return list(self.entries)
         return [e for e in self.entries if (<tuple>e)[0] in self.live]
 
+    cdef inline int renew(self, object entries) except -1:
+        # The bound append is kept: looking up deque.extend and iterating a list per
+        # commit costs more than the two appends of a typical one.
+        self.entries = entries
+        self.append = entries.append
+        return 0
+
     cdef int extend(self, list records, long long first, long long last) except -1:
-        self.entries.extend(records)
+        cdef object record
+        for record in records:
+            self.append(record)
         if self.live is not None:
             self.live.update(range(first, last + 1))
             if self.fresh is not None:
@@ -170,7 +180,7 @@ cdef class _Fifo:
             if fresh is None:
                 self.live = None
         elif len(entries) > 2 * len(live) + _SLACK:
-            self.entries = deque([e for e in entries if (<tuple>e)[0] in live])
+            self.renew(deque([e for e in entries if (<tuple>e)[0] in live]))
             if fresh is None:
                 self.live = None
         return 0

@@ -25,6 +25,7 @@ cdef extern from "Python.h":
     void PyObject_GC_UnTrack(object obj)
     # A borrowed reference: compared, never owned.
     PyObject *PyDict_SetDefault(object d, object key, object default) except NULL
+    Py_ssize_t PyDict_GET_SIZE(object d)
 
 cdef extern from *:
     """
@@ -430,7 +431,6 @@ cdef class DictStore:
         cdef _Slot slot
         cdef _Ring ring
         cdef tuple plan = None
-        cdef bint stamp = False
         cdef bint str_keys = True
         cdef bint late_mark
         cdef object eid, prev, version, found, target, action, fire_at, child_id, context
@@ -527,7 +527,6 @@ cdef class DictStore:
                     born = _checks.spawn_entries(spawns, eid, self._spawn_seq)
             if trace is not None:
                 step = (<dict>trace).copy() if type(trace) is dict else _checks.trace_step(trace, "trace")
-                stamp = "index" not in step
             try:
                 slot = slots.get(eid)
             except TypeError:
@@ -548,8 +547,10 @@ cdef class DictStore:
             if step is not None:
                 if commit_id is not None:
                     plain = step.copy()
-                if stamp:
-                    step["index"] = 0 if slot is None or slot.ring is None else slot.ring.next_index
+                # One lookup: the step is the store's own copy, so stamping it is no write.
+                PyDict_SetDefault(
+                    step, "index", 0 if slot is None or slot.ring is None else slot.ring.next_index
+                )
 
             # The write phase: one insert under a caller's key, then the version setter,
             # which undoes that insert if it raises; then no caller code at all.
@@ -585,9 +586,10 @@ cdef class DictStore:
                 elif marks is None:
                     slot.marks = {processed_event_id: None}
                     self._n_marks += 1
-                elif processed_event_id not in marks:
-                    marks[processed_event_id] = None
-                    self._n_marks += 1
+                else:
+                    size = PyDict_GET_SIZE(marks)
+                    PyDict_SetDefault(marks, processed_event_id, None)
+                    self._n_marks += PyDict_GET_SIZE(marks) - size
             if not str_keys:
                 self._mixed = True
             if commit_id is not None or epoch is not None:

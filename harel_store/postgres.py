@@ -30,8 +30,10 @@ for ``bytes``) and the data, so decoding gets back what encoding returned.
   body in the codec's canonical encoding, and the version the commit produced.
 
 **One round trip per commit.** A commit is one SQL statement, a data-modifying ``WITH``
-(:attr:`_Sql.commit`), run in autocommit mode, so it is one transaction and one network
-round trip, and prepared once per connection (``prepare=True``). Its first parts read
+(:meth:`_Sql.commit`), run in autocommit mode, so it is one transaction and one network
+round trip, and prepared once per connection (``prepare=True``). It holds only the parts
+the commit uses (a save is the CAS and the commit id's parts): PostgreSQL plans a statement of this kind anew
+at each call, and planning parts that write nothing was most of a save's time. Its first parts read
 the commit id and the stored row; ``UPDATE executions ... WHERE id = ... AND version = ...``
 is the CAS (a concurrent writer's update makes PostgreSQL re-check the ``WHERE`` against
 the new row, so of two writers at one version exactly one updates), and a first write is
@@ -208,6 +210,89 @@ ring AS (
 )"""
 
 
+def _commit_sql(s: str, shape: tuple[bool, bool, bool, bool, bool, bool]) -> str:
+    """The data-modifying ``WITH`` of a commit (see the module docstring) holding the
+    CAS, the commit id's parts, and just the other parts ``shape`` asks for
+    (:meth:`_Sql.commit`); its result row is the same whatever the shape."""
+    emits, mark, arm, disarm, spawn, step = shape
+    parts = [
+        f"""done AS (
+    SELECT digest, version FROM {s}.commit_ids
+    WHERE execution_id = %(id)s AND commit_id = ANY (%(cid)s::text[])
+), cur AS (
+    SELECT version, epoch FROM {s}.executions WHERE id = %(id)s
+), upd AS (
+    UPDATE {s}.executions
+    SET version = %(new)s::bigint, body = %(body)s::bytea,
+        epoch = coalesce((%(epoch)s::bigint[])[1], epoch)
+    WHERE id = %(id)s AND version = %(old)s::bigint
+      AND (epoch IS NULL OR cardinality(%(epoch)s::bigint[]) = 0
+           OR epoch <= (%(epoch)s::bigint[])[1])
+      AND NOT EXISTS (SELECT FROM done)
+    RETURNING 1
+), ins AS (
+    INSERT INTO {s}.executions (id, version, epoch, body)
+    SELECT %(id)s, %(new)s::bigint, (%(epoch)s::bigint[])[1], %(body)s::bytea
+    WHERE NOT EXISTS (SELECT FROM done) AND NOT EXISTS (SELECT FROM cur)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING 1
+), ok AS (
+    SELECT FROM upd UNION ALL SELECT FROM ins
+)"""
+    ]
+    if emits:
+        parts.append(f"""emit AS (
+    INSERT INTO {s}.outbox (target_id, event)
+    SELECT t, e FROM unnest(%(targets)s::text[], %(events)s::bytea[]) WITH ORDINALITY AS u (t, e, o)
+    WHERE EXISTS (SELECT FROM ok) ORDER BY o
+)""")
+    if mark:
+        parts.append(f"""mark AS (
+    INSERT INTO {s}.processed (execution_id, event_id)
+    SELECT %(id)s, e FROM unnest(%(pev)s::text[]) AS e WHERE EXISTS (SELECT FROM ok)
+    ON CONFLICT DO NOTHING
+)""")
+    if arm:
+        parts.append(f"""arm AS (
+    INSERT INTO {s}.timers AS tm (execution_id, path, fire_at)
+    SELECT %(id)s, p, f FROM unnest(%(arm)s::text[], %(at)s::float8[]) WITH ORDINALITY AS u (p, f, o)
+    WHERE EXISTS (SELECT FROM ok) ORDER BY o
+    ON CONFLICT (execution_id, path) DO UPDATE
+    SET fire_at = excluded.fire_at, seq = excluded.seq, lease_until = '-infinity'
+)""")
+    if disarm:
+        parts.append(f"""disarm AS (
+    DELETE FROM {s}.timers
+    WHERE execution_id = %(id)s AND path = ANY (%(disarm)s::text[]) AND EXISTS (SELECT FROM ok)
+)""")
+    if spawn:
+        parts.append(f"""spawn AS (
+    INSERT INTO {s}.spawns (parent_id, child_id, root_path, context)
+    SELECT %(id)s, c, r, x
+    FROM unnest(%(children)s::text[], %(roots)s::bytea[], %(contexts)s::bytea[])
+        WITH ORDINALITY AS u (c, r, x, o)
+    WHERE EXISTS (SELECT FROM ok) ORDER BY o
+)""")
+    if step:
+        parts.append(_ring(s, "EXISTS (SELECT FROM ok)").strip())
+    parts.append(f"""rec AS (
+    INSERT INTO {s}.commit_ids (execution_id, commit_id, digest, version)
+    SELECT %(id)s, c, d, %(new)s::bigint
+    FROM unnest(%(cid)s::text[], %(digest)s::bytea[]) AS u (c, d)
+    WHERE EXISTS (SELECT FROM ok)
+)""")
+    wake = emits or arm or spawn
+    if wake:
+        parts.append("""wake AS (
+    SELECT pg_notify(%(channel)s, '') WHERE EXISTS (SELECT FROM ok)
+)""")
+    woken = "(SELECT count(*) FROM wake)" if wake else "0::bigint"
+    return f"""
+WITH {", ".join(parts)}
+SELECT EXISTS (SELECT FROM ok), (SELECT version FROM cur), (SELECT epoch FROM cur),
+    (SELECT digest FROM done), (SELECT version FROM done), {woken}"""
+
+
 # Copying (PostgresStore._dump and _restore): the tables a copy reads and writes, and the
 # names of what they hold.
 _COPIED = (
@@ -231,62 +316,7 @@ class _Sql:
             f"pg_sequence_last_value('{s}.{name}'::regclass)"
             for name in ("outbox_seq", "spawns_seq", "timers_seq")
         )
-        self.commit = f"""
-WITH done AS (
-    SELECT digest, version FROM {s}.commit_ids
-    WHERE execution_id = %(id)s AND commit_id = ANY (%(cid)s::text[])
-), cur AS (
-    SELECT version, epoch FROM {s}.executions WHERE id = %(id)s
-), upd AS (
-    UPDATE {s}.executions
-    SET version = %(new)s::bigint, body = %(body)s::bytea,
-        epoch = coalesce((%(epoch)s::bigint[])[1], epoch)
-    WHERE id = %(id)s AND version = %(old)s::bigint
-      AND (epoch IS NULL OR cardinality(%(epoch)s::bigint[]) = 0
-           OR epoch <= (%(epoch)s::bigint[])[1])
-      AND NOT EXISTS (SELECT FROM done)
-    RETURNING 1
-), ins AS (
-    INSERT INTO {s}.executions (id, version, epoch, body)
-    SELECT %(id)s, %(new)s::bigint, (%(epoch)s::bigint[])[1], %(body)s::bytea
-    WHERE NOT EXISTS (SELECT FROM done) AND NOT EXISTS (SELECT FROM cur)
-    ON CONFLICT (id) DO NOTHING
-    RETURNING 1
-), ok AS (
-    SELECT FROM upd UNION ALL SELECT FROM ins
-), emit AS (
-    INSERT INTO {s}.outbox (target_id, event)
-    SELECT t, e FROM unnest(%(targets)s::text[], %(events)s::bytea[]) WITH ORDINALITY AS u (t, e, o)
-    WHERE EXISTS (SELECT FROM ok) ORDER BY o
-), mark AS (
-    INSERT INTO {s}.processed (execution_id, event_id)
-    SELECT %(id)s, e FROM unnest(%(pev)s::text[]) AS e WHERE EXISTS (SELECT FROM ok)
-    ON CONFLICT DO NOTHING
-), arm AS (
-    INSERT INTO {s}.timers AS tm (execution_id, path, fire_at)
-    SELECT %(id)s, p, f FROM unnest(%(arm)s::text[], %(at)s::float8[]) WITH ORDINALITY AS u (p, f, o)
-    WHERE EXISTS (SELECT FROM ok) ORDER BY o
-    ON CONFLICT (execution_id, path) DO UPDATE
-    SET fire_at = excluded.fire_at, seq = excluded.seq, lease_until = '-infinity'
-), disarm AS (
-    DELETE FROM {s}.timers
-    WHERE execution_id = %(id)s AND path = ANY (%(disarm)s::text[]) AND EXISTS (SELECT FROM ok)
-), spawn AS (
-    INSERT INTO {s}.spawns (parent_id, child_id, root_path, context)
-    SELECT %(id)s, c, r, x
-    FROM unnest(%(children)s::text[], %(roots)s::bytea[], %(contexts)s::bytea[])
-        WITH ORDINALITY AS u (c, r, x, o)
-    WHERE EXISTS (SELECT FROM ok) ORDER BY o
-), {_ring(s, "EXISTS (SELECT FROM ok)").strip()}, rec AS (
-    INSERT INTO {s}.commit_ids (execution_id, commit_id, digest, version)
-    SELECT %(id)s, c, d, %(new)s::bigint
-    FROM unnest(%(cid)s::text[], %(digest)s::bytea[]) AS u (c, d)
-    WHERE EXISTS (SELECT FROM ok)
-), wake AS (
-    SELECT pg_notify(%(channel)s, '') WHERE %(work)s AND EXISTS (SELECT FROM ok)
-)
-SELECT EXISTS (SELECT FROM ok), (SELECT version FROM cur), (SELECT epoch FROM cur),
-    (SELECT digest FROM done), (SELECT version FROM done), (SELECT count(*) FROM wake)"""
+        self._commits: dict[tuple[bool, ...], str] = {}
         self.recheck = f"""
 SELECT (SELECT version FROM {s}.executions WHERE id = %(id)s),
     (SELECT epoch FROM {s}.executions WHERE id = %(id)s),
@@ -418,6 +448,19 @@ RETURNING t.fire_at, t.seq, t.execution_id, t.path"""
                 "trace",
             )
         )
+
+    def commit(self, shape: tuple[bool, bool, bool, bool, bool, bool]) -> str:
+        """The commit statement for a commit of this ``shape``: whether it has emits, a
+        processed mark, timers to arm, timers to disarm, spawns, a trace step. The parts
+        a commit does not use are left out, so PostgreSQL plans (at each call: its custom
+        plans win over a generic one) only what the commit writes; a save is the CAS and
+        the commit id's parts. One statement per shape, prepared once per connection; the
+        commit id's parts are in every one, so a commit with an id (and its replay) uses
+        the statement of the same commit without one."""
+        sql = self._commits.get(shape)
+        if sql is None:
+            sql = self._commits[shape] = _commit_sql(self.schema, shape)
+        return sql
 
 
 _INSPECT = """
@@ -689,9 +732,16 @@ class _Core:
             "step": step,
             "keep": self.trace_max or 0,
             "channel": self.channel,
-            "work": bool(events or children or arm),
         }
-        rows = yield _Query(self.sql.commit, params, True, unique=True)
+        shape = (
+            bool(events),
+            body.processed_event_id is not None,
+            bool(arm),
+            bool(params["disarm"]),
+            bool(children),
+            bool(step),
+        )
+        rows = yield _Query(self.sql.commit(shape), params, True, unique=True)
         if rows is not _UNIQUE:
             ok, found, found_epoch, done, done_version = rows[0][:5]
             if done is not None:

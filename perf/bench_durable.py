@@ -48,7 +48,7 @@ from time import perf_counter
 from typing import Any, NamedTuple
 
 import pyperf
-from bench_store import EMITS, LATER, NOW, SPAWNS, STEP, _k, settle, typical_work
+from bench_store import EMITS, LATER, NOW, SPAWNS, STEP, settle, typical_work
 
 import harel_store
 from harel_store import Execution, TimerOp
@@ -80,6 +80,13 @@ FULL = Sizes()
 QUICK = replace(
     FULL, executions=50, trace_max=20, timers=2_000, outbox=500, scale=(500, 2_000), demo=10
 )
+
+
+def _k(n: int) -> str:
+    """A size in a benchmark name: ``500``, ``10k``, ``1m``."""
+    if n % 1_000_000 == 0:
+        return f"{n // 1_000_000}m"
+    return f"{n // 1000}k" if n % 1000 == 0 else str(n)
 
 
 # --- the environment: where the databases are --------------------------------------------
@@ -545,13 +552,18 @@ def time_claim_ack(loops: int, target: str, env: Env, sizes: Sizes) -> float:
 
 
 def _waker(target: str, env: Env, sizes: Sizes, go: Any, done: Any) -> None:
-    """Another process: on each "go", wait 5 ms (the waiter is then inside its wait),
-    note the time, and commit one outbox entry."""
+    """Another process: on each "go", wait 2 to 22 ms (the waiter is then inside its
+    wait; a pause drawn at random, seeded, so that the wake-ups fall anywhere between two
+    looks of SQLite's polling, not always at the same point), note the time, and commit
+    one outbox entry."""
+    import random
+
+    pauses = random.Random(14)
     store = open_harel(target, env, commit_db(target), sizes)
     exe = store.load("waker") or Execution(id="waker")
     with store:
         while go.recv():
-            time.sleep(0.005)
+            time.sleep(pauses.uniform(0.002, 0.022))
             t0 = perf_counter()
             store.commit(exe, [("exe-1", {"type": "wake"})])
             done.send(t0)

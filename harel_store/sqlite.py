@@ -146,6 +146,7 @@ _CAS_EPOCH = (
     " WHERE id = ? AND version = ? AND (epoch IS NULL OR epoch <= ?)"
 )
 _FIND = "SELECT version, epoch FROM executions WHERE id = ?"
+_LOAD = "SELECT version, body FROM executions WHERE id = ?"
 _INSERT = "INSERT INTO executions (id, version, epoch, body) VALUES (?, ?, ?, ?)"
 _EMIT = "INSERT INTO outbox (target_id, event) VALUES (?, ?)"
 _MARK = "INSERT OR IGNORE INTO processed (execution_id, event_id) VALUES (?, ?)"
@@ -388,7 +389,11 @@ class SqliteStore:
             raise _closed()
         if type(execution_id) is not str:
             _checks.str_id(execution_id, "execution_id")
-        row = self._read_one("SELECT version, body FROM executions WHERE id = ?", (execution_id,))
+        with self._lock:  # _read_one, inlined: a load is the hottest read
+            conn = self._conn
+            if conn is None:
+                raise _closed()
+            row = conn.execute(_LOAD, (execution_id,)).fetchone()
         if row is None:
             return None
         exe = self._codec.decode_execution(row[1])

@@ -955,8 +955,12 @@ def time_floor_commit_typical(loops: int, target: str, env: Env, sizes: Sizes) -
 
 def time_fsync(loops: int, env: Env) -> float:
     """The disk's floor: a 4 KiB write and ``fdatasync`` per loop, appended to a file in
-    the directory of the SQLite databases (the PostgreSQL data directory is on the same
-    file system here; see the metadata)."""
+    the directory of the SQLite databases (the PostgreSQL data directory of a cluster the
+    run starts is on the file system of the temporary directory too). Measured once at
+    the start (``machine:disk:fsync``) and again just before the commits of
+    ``sqlite-full`` and ``postgres`` (``<target>:disk:fsync``): a shared disk's speed
+    drifts, and a commit rate is compared with the fsync rate of its own moment."""
+    sync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
     fd, path = tempfile.mkstemp(dir=env.data, prefix="fsync-")
     block = b"x" * 4096
     try:
@@ -964,7 +968,7 @@ def time_fsync(loops: int, env: Env) -> float:
         t0 = perf_counter()
         for _ in range(loops):
             os.write(fd, block)
-            os.fdatasync(fd)
+            sync(fd)
         return perf_counter() - t0
     finally:
         os.close(fd)
@@ -1191,6 +1195,11 @@ def cases(targets: tuple[str, ...], env: Env, sizes: Sizes, peers: bool) -> list
             Case(f"{target}:floor:load", time_floor_load, a),
             Case(h + "save", time_save, a),
             Case(f"{target}:floor:save", time_floor_save, a),
+            *(
+                [Case(f"{target}:disk:fsync", time_fsync, (env,), per="write + fdatasync")]
+                if target != "sqlite-normal"
+                else []
+            ),
             Case(h + "commit_minimal", time_commit_minimal, a),
             Case(h + "commit_typical", time_commit_typical, a),
             Case(f"{target}:floor:commit_typical", time_floor_commit_typical, a),

@@ -105,8 +105,8 @@ def sqlite_path(env: Env, name: str) -> str:
     return str(env.data / f"{name}.db")
 
 
-def big_schema(n: int) -> str:
-    return f"bench_big_{_k(n).lower()}"
+def big_schema(n: int, kind: str = "big") -> str:
+    return f"bench_{kind}_{_k(n).lower()}"
 
 
 # --- what a case measures: checked before every clock -----------------------------------
@@ -172,8 +172,11 @@ def commit_db(target: str) -> str:
     return SCHEMA_COMMIT if target == "postgres" else "commit"
 
 
-def big_db(target: str, n: int) -> str:
-    return big_schema(n) if target == "postgres" else f"big_{_k(n).lower()}"
+def big_db(target: str, n: int, kind: str = "big") -> str:
+    """The database of ``n`` timers and outbox entries: ``big`` for the cases that only
+    lease and unlease, ``ack`` for ``claim_ack``, whose acks leave dead rows at the head
+    of the outbox (on PostgreSQL, until a vacuum) that would slow the others' claims."""
+    return big_schema(n, kind) if target == "postgres" else f"{kind}_{_k(n).lower()}"
 
 
 def side_sql(target: str, env: Env, db: str) -> Callable[[str, tuple[Any, ...]], None]:
@@ -216,10 +219,10 @@ def build_commit_db(target: str, env: Env, sizes: Sizes) -> None:
                 store.append_trace(eid, STEP)
 
 
-def build_big_db(target: str, env: Env, n: int, due: int) -> None:
+def build_big_db(target: str, env: Env, n: int, due: int, kind: str = "big") -> None:
     """``n`` armed timers (``due`` of them due at ``NOW``) over executions of 100 paths,
     and ``n`` outbox entries: the rows the store would write, inserted in bulk."""
-    db = big_db(target, n)
+    db = big_db(target, n, kind)
     open_harel(target, env, db, FULL).close()  # the schema, created by the store
     event = json.dumps({"type": "ping", "n": 1}, separators=(",", ":"))
     if target == "postgres":
@@ -274,6 +277,7 @@ def build_all(targets: tuple[str, ...], env: Env, sizes: Sizes, log: Callable[[s
         build_commit_db(target, env, sizes)
         for n in big_sizes(sizes):
             build_big_db(target, env, n, sizes.due)
+        build_big_db(target, env, sizes.outbox, sizes.due, "ack")
         built_sqlite = built_sqlite or target != "postgres"
         log(f"bench_durable: built the databases of {target} in {perf_counter() - start:.1f} s")
 
@@ -529,7 +533,7 @@ def time_claim_ack(loops: int, target: str, env: Env, sizes: Sizes) -> float:
     """Per entry (inner_loops=100): ``claim_outbox(limit=100)`` then ``ack_outbox`` of each
     entry it returned, over an outbox of ``sizes.outbox`` entries; outside the clock a
     producer's commit puts 100 new entries back, so the outbox stays that size."""
-    db = big_db(target, sizes.outbox)
+    db = big_db(target, sizes.outbox, "ack")
     store = open_harel(target, env, db, sizes)
     with store:
         if store.stats()["outbox"] != sizes.outbox:

@@ -66,6 +66,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from . import _checks
 from ._errors import StoreError
 
 if TYPE_CHECKING:
@@ -238,6 +239,121 @@ def check_kind(kind: Any) -> None:
         raise ValueError(
             f"unknown record kind {reprlib.repr(kind)}: the kinds are {', '.join(sorted(KINDS))}"
         )
+
+
+def durable_rows(
+    records: Iterable[Any],
+    *,
+    encode: Callable[[Any, str], Any],
+    encode_exe: Callable[[Any, str], Any],
+    canonical: Callable[[Any], str | bytes],
+    digest: Callable[[Any, str], bytes],
+    keep: int,
+) -> Iterator[tuple[str, tuple[Any, ...]]]:
+    """The rows a durable store's ``_restore`` writes for ``records``, each checked, as
+    ``(kind, row)``: ``execution`` (id, version, epoch, encoded), ``mark`` (id, event id),
+    ``commit`` (id, commit id, digest, version), ``step`` (id, index, encoded),
+    ``trace`` (id, next index, steps kept), ``timer`` (id, path, fire_at), ``outbox``
+    (seq, target, encoded), ``spawn`` (seq, parent, child, encoded root path, encoded
+    context), and ``seqs`` (last outbox seq, last spawn seq) when the records say.
+    ``encode(value, what)`` and ``encode_exe(exe, id)`` give the store's stored form;
+    each ring keeps its last ``keep`` steps (0: all). A bad record raises
+    ``TypeError``/``ValueError`` naming it, before its row is yielded."""
+    for record in records:
+        kind = record[0]
+        if kind == "execution":
+            _, exe, epoch = record
+            try:
+                eid = exe.id
+            except AttributeError:
+                raise _checks.bad_exe("id", exe) from None
+            eid = _copied_id(eid, "execution id")
+            version = _checks.durable_exe_version(exe)
+            if epoch is not None:
+                epoch = _checks.durable_epoch(epoch)
+            yield kind, (eid, version, epoch, encode_exe(exe, eid))
+        elif kind == "mark":
+            _, eid, event_id = record
+            eid = _copied_id(eid, "execution id")
+            yield kind, (eid, _copied_id(event_id, "processed event id"))
+        elif kind == "commit":
+            _, eid, commit_id, version, body = record
+            eid = _copied_id(eid, "execution id")
+            commit_id = _checks.as_commit_id(commit_id)
+            version = _int64(version, "commit version", _checks.INT64_MIN)
+            sha = commit_digest(body, canonical, digest, eid, commit_id)
+            yield kind, (eid, commit_id, sha, version)
+        elif kind == "trace":
+            _, eid, next_index, steps = record
+            eid = _copied_id(eid, "execution id")
+            steps = list(steps)
+            next_index = _int64(next_index, "next_index")
+            if next_index < len(steps):
+                raise ValueError(
+                    f"the trace of {eid!r} holds {len(steps)} steps, more than its "
+                    f"next index {next_index}"
+                )
+            if keep and len(steps) > keep:
+                steps = steps[len(steps) - keep :]
+            first = next_index - len(steps)
+            for i, step in enumerate(steps):
+                step = _checks.trace_step(step, "trace step")
+                yield "step", (eid, first + i, encode(step, f"a trace step of {eid!r}"))
+            yield kind, (eid, next_index, len(steps))
+        elif kind == "timer":
+            _, eid, path, fire_at = record
+            fire_at = _checks.as_time(fire_at, "fire_at")
+            if fire_at - fire_at != 0.0:
+                raise ValueError(f"fire_at must be finite, got {fire_at!r}")
+            yield kind, (_copied_id(eid, "execution id"), _copied_id(path, "timer path"), fire_at)
+        elif kind == "outbox":
+            seq, target, event = record[1]
+            seq = _copied_seq(seq)
+            if target is not None:
+                target = _copied_id(target, "outbox target_id")
+            yield kind, (seq, target, encode(event, f"the event of outbox entry {seq}"))
+        elif kind == "spawn":
+            seq, parent_id, child_id, root_path, context = record[1]
+            seq = _copied_seq(seq)
+            what = f"of spawn intent {seq}"
+            context = _checks.trace_step(context, f"the context {what}")
+            row = (
+                seq,
+                _copied_id(parent_id, "spawn parent_id"),
+                _copied_id(child_id, "spawn child_id"),
+                encode(root_path, f"the root_path {what}"),
+                encode(context, f"the context {what}"),
+            )
+            yield kind, row
+        elif kind == "seqs":
+            yield kind, (_int64(record[1], "outbox seq"), _int64(record[2], "spawn seq"))
+        elif kind != "total":
+            check_kind(kind)
+
+
+def _copied_id(value: Any, what: str) -> str:
+    """An id copied into a durable store: a ``str``, as in every durable store."""
+    if type(value) is not str:
+        raise TypeError(
+            f"{what} must be a str in a durable store, got {type(value).__name__} "
+            f"{reprlib.repr(value)}: a store holding it cannot be copied into a durable "
+            "one; nothing was written"
+        )
+    return value
+
+
+def _int64(value: Any, what: str, low: int = 0) -> int:
+    number: int = _checks.as_int(value, what)
+    if not low <= number <= _checks.INT64_MAX:
+        raise ValueError(f"{what} must be between {low} and {_checks.INT64_MAX}, got {number}")
+    return number
+
+
+def _copied_seq(value: Any) -> int:
+    seq = _int64(value, "seq")
+    if not seq:
+        raise ValueError("a seq is at least 1, got 0")
+    return seq
 
 
 def _method(store: Any, name: str, role: str) -> Callable[..., Any]:

@@ -84,7 +84,6 @@ import collections
 import contextlib
 import hashlib
 import re
-import reprlib
 import select
 import threading
 import time
@@ -877,31 +876,6 @@ class _Core:
             return _copy.body_digest(self.canonical, body)
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             raise TypeError(f"cannot encode the body of commit {commit_id!r}: {exc}") from exc
-
-
-def _copied_id(value: Any, what: str) -> str:
-    """An id copied into the schema: a ``str``, as in every durable store."""
-    if type(value) is not str:
-        raise TypeError(
-            f"{what} must be a str in a durable store, got {type(value).__name__} "
-            f"{reprlib.repr(value)}: a store holding it cannot be copied into a durable "
-            "one; nothing was written"
-        )
-    return value
-
-
-def _int64(value: Any, what: str, low: int = 0) -> int:
-    number: int = _checks.as_int(value, what)
-    if not low <= number <= _checks.INT64_MAX:
-        raise ValueError(f"{what} must be between {low} and {_checks.INT64_MAX}, got {number}")
-    return number
-
-
-def _copied_seq(value: Any) -> int:
-    seq = _int64(value, "seq")
-    if not seq:
-        raise ValueError("a seq is at least 1, got 0")
-    return seq
 
 
 def _pack(data: str | bytes) -> bytes:
@@ -1727,78 +1701,18 @@ class PostgresStore:
         def encode(value: Any, what: str) -> bytes:
             return _pack(core._encode(value, what))
 
-        keep = core.trace_max
-        seqs = (0, 0)
-        for record in records:
-            kind = record[0]
-            if kind == "execution":
-                _, exe, epoch = record
-                try:
-                    eid = exe.id
-                except AttributeError:
-                    raise _checks.bad_exe("id", exe) from None
-                eid = _copied_id(eid, "execution id")
-                version = _checks.durable_exe_version(exe)
-                if epoch is not None:
-                    epoch = _checks.durable_epoch(epoch)
-                add(kind, (eid, version, epoch, _pack(core._encode_exe(exe, eid))))
-            elif kind == "mark":
-                _, eid, event_id = record
-                add(kind, (_copied_id(eid, "execution id"),
-                           _copied_id(event_id, "processed event id")))  # fmt: skip
-            elif kind == "commit":
-                _, eid, commit_id, version, body = record
-                eid = _copied_id(eid, "execution id")
-                commit_id = _checks.as_commit_id(commit_id)
-                version = _int64(version, "commit version", _checks.INT64_MIN)
-                digest = _copy.commit_digest(body, core.canonical, core._digest, eid, commit_id)
-                add(kind, (eid, commit_id, digest, version))
+        seqs: tuple[int, int] = (0, 0)
+        rows = _copy.durable_rows(
+            records, encode=encode, encode_exe=lambda exe, eid: _pack(core._encode_exe(exe, eid)),
+            canonical=core.canonical, digest=core._digest, keep=core.trace_max,
+        )  # fmt: skip
+        for kind, row in rows:
+            if kind == "seqs":
+                seqs = row  # type: ignore[assignment]
             elif kind == "trace":
-                _, eid, next_index, steps = record
-                eid = _copied_id(eid, "execution id")
-                steps = list(steps)
-                next_index = _int64(next_index, "next_index")
-                if next_index < len(steps):
-                    raise ValueError(
-                        f"the trace of {eid!r} holds {len(steps)} steps, more than its "
-                        f"next index {next_index}"
-                    )
-                if keep and len(steps) > keep:
-                    steps = steps[len(steps) - keep :]
-                first = next_index - len(steps)
-                for i, step in enumerate(steps):
-                    step = _checks.trace_step(step, "trace step")
-                    add("step", (eid, first + i, encode(step, f"a trace step of {eid!r}")))
-                add(kind, (eid, next_index))
-            elif kind == "timer":
-                _, eid, path, fire_at = record
-                fire_at = _checks.as_time(fire_at, "fire_at")
-                if fire_at - fire_at != 0.0:
-                    raise ValueError(f"fire_at must be finite, got {fire_at!r}")
-                add(kind, (_copied_id(eid, "execution id"),
-                           _copied_id(path, "timer path"), fire_at))  # fmt: skip
-            elif kind == "outbox":
-                seq, target, event = record[1]
-                seq = _copied_seq(seq)
-                if target is not None:
-                    target = _copied_id(target, "outbox target_id")
-                add(kind, (seq, target, encode(event, f"the event of outbox entry {seq}")))
-            elif kind == "spawn":
-                seq, parent_id, child_id, root_path, context = record[1]
-                seq = _copied_seq(seq)
-                what = f"of spawn intent {seq}"
-                context = _checks.trace_step(context, f"the context {what}")
-                add(kind, (
-                    seq,
-                    _copied_id(parent_id, "spawn parent_id"),
-                    _copied_id(child_id, "spawn child_id"),
-                    encode(root_path, f"the root_path {what}"),
-                    encode(context, f"the context {what}"),
-                ))  # fmt: skip
-            elif kind == "seqs":
-                seqs = (_int64(record[1], "outbox seq"), _int64(record[2], "spawn seq"))
-            elif kind != "total":
-                _copy.check_kind(kind)
+                add(kind, row[:2])  # trace_index here holds no count of the steps
+            else:
+                add(kind, row)
         for kind in list(batches):
             flush(kind)
         # The sequences continue after the greatest seq copied or told of.

@@ -51,7 +51,6 @@ import contextvars
 import functools
 import hashlib
 import os
-import reprlib
 import sqlite3
 import threading
 import time
@@ -213,37 +212,14 @@ _RESTORE_EMIT = "INSERT INTO outbox (seq, target_id, event) VALUES (?, ?, ?)"
 _RESTORE_SPAWN = (
     "INSERT INTO spawns (seq, parent_id, child_id, root_path, context) VALUES (?, ?, ?, ?, ?)"
 )
-# The statements of a restore, each with a batch of rows (no table refers to another).
-_RESTORE = (
-    _INSERT, _RESTORE_MARK, _RECORD, _RESTORE_STEP, _RESTORE_RING, _RESTORE_TIMER,
-    _RESTORE_EMIT, _RESTORE_SPAWN,
-)  # fmt: skip
+# The statement of a restore per kind of row of _copy.durable_rows, each with a batch of
+# rows (no table refers to another).
+_RESTORE = {
+    "execution": _INSERT, "mark": _RESTORE_MARK, "commit": _RECORD, "step": _RESTORE_STEP,
+    "trace": _RESTORE_RING, "timer": _RESTORE_TIMER, "outbox": _RESTORE_EMIT,
+    "spawn": _RESTORE_SPAWN,
+}  # fmt: skip
 _BATCH = 500  # rows per executemany while restoring
-
-
-def _copied_id(value: Any, what: str) -> str:
-    """An id copied into the database: a ``str``, as in every durable store."""
-    if type(value) is not str:
-        raise TypeError(
-            f"{what} must be a str in a durable store, got {type(value).__name__} "
-            f"{reprlib.repr(value)}: a store holding it cannot be copied into a durable "
-            "one; nothing was written"
-        )
-    return value
-
-
-def _int64(value: Any, what: str, low: int = 0) -> int:
-    number: int = _checks.as_int(value, what)
-    if not low <= number <= _checks.INT64_MAX:
-        raise ValueError(f"{what} must be between {low} and {_checks.INT64_MAX}, got {number}")
-    return number
-
-
-def _copied_seq(value: Any) -> int:
-    seq = _int64(value, "seq")
-    if not seq:
-        raise ValueError("a seq is at least 1, got 0")
-    return seq
 
 
 def _closed() -> ValueError:
@@ -833,7 +809,7 @@ class SqliteStore:
 
     def _write_records(self, conn: sqlite3.Connection, records: Iterable[Any]) -> None:
         """:meth:`_restore`'s writes, inside its transaction, in batches per table."""
-        batches: dict[str, list[tuple[Any, ...]]] = {sql: [] for sql in _RESTORE}
+        batches: dict[str, list[tuple[Any, ...]]] = {sql: [] for sql in _RESTORE.values()}
 
         def add(sql: str, row: tuple[Any, ...]) -> None:
             batch = batches[sql]
@@ -842,80 +818,16 @@ class SqliteStore:
                 conn.executemany(sql, batch)
                 batch.clear()
 
-        encode = self._encode
-        keep = self._trace_max
-        seqs = [0, 0]
-        for record in records:
-            kind = record[0]
-            if kind == "execution":
-                _, exe, epoch = record
-                try:
-                    eid = exe.id
-                except AttributeError:
-                    raise _checks.bad_exe("id", exe) from None
-                eid = _copied_id(eid, "execution id")
-                version = _checks.durable_exe_version(exe)
-                if epoch is not None:
-                    epoch = _checks.durable_epoch(epoch)
-                add(_INSERT, (eid, version, epoch, self._encode_exe(exe, eid)))
-            elif kind == "mark":
-                _, eid, event_id = record
-                add(_RESTORE_MARK, (_copied_id(eid, "execution id"),
-                                    _copied_id(event_id, "processed event id")))  # fmt: skip
-            elif kind == "commit":
-                _, eid, commit_id, version, body = record
-                eid = _copied_id(eid, "execution id")
-                commit_id = _checks.as_commit_id(commit_id)
-                version = _int64(version, "commit version", _checks.INT64_MIN)
-                digest = _copy.commit_digest(body, self._canonical, self._digest, eid, commit_id)
-                add(_RECORD, (eid, commit_id, digest, version))
-            elif kind == "trace":
-                _, eid, next_index, steps = record
-                eid = _copied_id(eid, "execution id")
-                steps = list(steps)
-                next_index = _int64(next_index, "next_index")
-                if next_index < len(steps):
-                    raise ValueError(
-                        f"the trace of {eid!r} holds {len(steps)} steps, more than its "
-                        f"next index {next_index}"
-                    )
-                if keep and len(steps) > keep:
-                    steps = steps[len(steps) - keep :]
-                first = next_index - len(steps)
-                for i, step in enumerate(steps):
-                    step = _checks.trace_step(step, "trace step")
-                    add(_RESTORE_STEP, (eid, first + i, encode(step, f"a trace step of {eid!r}")))
-                add(_RESTORE_RING, (eid, next_index, len(steps)))
-            elif kind == "timer":
-                _, eid, path, fire_at = record
-                fire_at = _checks.as_time(fire_at, "fire_at")
-                if fire_at - fire_at != 0.0:
-                    raise ValueError(f"fire_at must be finite, got {fire_at!r}")
-                add(_RESTORE_TIMER, (_copied_id(eid, "execution id"),
-                                     _copied_id(path, "timer path"), fire_at))  # fmt: skip
-            elif kind == "outbox":
-                seq, target, event = record[1]
-                seq = _copied_seq(seq)
-                if target is not None:
-                    target = _copied_id(target, "outbox target_id")
-                event = encode(event, f"the event of outbox entry {seq}")
-                add(_RESTORE_EMIT, (seq, target, event))
-            elif kind == "spawn":
-                seq, parent_id, child_id, root_path, context = record[1]
-                seq = _copied_seq(seq)
-                what = f"of spawn intent {seq}"
-                context = _checks.trace_step(context, f"the context {what}")
-                add(_RESTORE_SPAWN, (
-                    seq,
-                    _copied_id(parent_id, "spawn parent_id"),
-                    _copied_id(child_id, "spawn child_id"),
-                    encode(root_path, f"the root_path {what}"),
-                    encode(context, f"the context {what}"),
-                ))  # fmt: skip
-            elif kind == "seqs":
-                seqs = [_int64(record[1], "outbox seq"), _int64(record[2], "spawn seq")]
-            elif kind != "total":
-                _copy.check_kind(kind)
+        seqs: tuple[int, int] = (0, 0)
+        rows = _copy.durable_rows(
+            records, encode=self._encode, encode_exe=self._encode_exe,
+            canonical=self._canonical, digest=self._digest, keep=self._trace_max,
+        )  # fmt: skip
+        for kind, row in rows:
+            if kind == "seqs":
+                seqs = row  # type: ignore[assignment]
+            else:
+                add(_RESTORE[kind], row)
         for sql, batch in batches.items():
             if batch:
                 conn.executemany(sql, batch)

@@ -51,8 +51,14 @@ import pyperf
 from bench_store import EMITS, LATER, NOW, SPAWNS, STEP, settle, typical_work
 
 import harel_store
-from harel_store import Execution, TimerOp
-from harel_store.sqlite import SqliteStore
+from harel_store import Execution, TimerOp, _codec
+from harel_store.sqlite import JsonCodec, SqliteStore
+
+try:
+    from orjson import dumps as orjson_dumps
+    from orjson import loads as orjson_loads
+except ImportError:  # the codec cases then measure the default codec only
+    orjson_dumps = orjson_loads = None
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
@@ -300,18 +306,8 @@ def dumps(value: Any) -> str:
 
 
 def exe_fields(exe: Any) -> dict[str, Any]:
-    return {
-        "id": exe.id,
-        "definition_id": exe.definition_id,
-        "status": exe.status,
-        "outcome": exe.outcome,
-        "active_path": exe.active_path,
-        "history": exe.history,
-        "context": exe.context,
-        "parent_id": exe.parent_id,
-        "child_id": exe.child_id,
-        "children": exe.children,
-    }
+    """What the default codec writes of an execution: every field but ``version``."""
+    return {name: getattr(exe, name) for name in _codec._FIELDS}
 
 
 def typical_exe() -> Execution:
@@ -382,7 +378,7 @@ def reset_commit_db(target: str, env: Env) -> None:
 
 
 def time_commit_typical(
-    loops: int, target: str, env: Env, sizes: Sizes, with_id: bool = False
+    loops: int, target: str, env: Env, sizes: Sizes, with_id: bool = False, codec: Any = None
 ) -> float:
     """``bench_store.py``'s typical commit of ``exe-0``: 2 emits, a fresh processed id, a
     re-armed timer, a spawn with a 3-key context, a step into a full ring. With ``with_id``
@@ -414,6 +410,46 @@ def time_commit_typical(
         ):
             raise RuntimeError("commit_typical did not commit")
         return elapsed
+
+
+class OrjsonCodec(JsonCodec):
+    """The default codec's format written and read by orjson: the same tagging walk (so
+    the same values are accepted, tuples tagged), orjson in place of the ``json`` module.
+    What an orjson extra would ship; here only to measure whether it would be worth it."""
+
+    __slots__ = ()
+
+    def encode_execution(self, exe: Any) -> bytes:
+        return orjson_dumps(_codec._tag_dict(exe_fields(exe)))
+
+    def decode_execution(self, data: str | bytes) -> Execution:
+        fields = self.decode_value(data)
+        return Execution(**{name: fields[name] for name in _codec._FIELDS if name in fields})
+
+    def encode_value(self, value: Any) -> bytes:
+        return orjson_dumps(_codec._tag(value))
+
+    def decode_value(self, data: str | bytes) -> Any:
+        return _untag_all(orjson_loads(data))
+
+    def canonical_value(self, value: Any) -> bytes:
+        return orjson_dumps(_codec._tag(value), option=4)  # orjson.OPT_SORT_KEYS
+
+
+def _untag_all(value: Any) -> Any:
+    if type(value) is dict:
+        return _codec._untag({k: _untag_all(v) for k, v in value.items()})
+    if type(value) is list:
+        return [_untag_all(v) for v in value]
+    return value
+
+
+def time_commit_typical_orjson(loops: int, target: str, env: Env, sizes: Sizes) -> float:
+    """``time_commit_typical`` with :class:`OrjsonCodec`: what an orjson extra would change."""
+    codec = OrjsonCodec()
+    if codec.decode_value(codec.encode_value(SPAWNS[0][1])) != SPAWNS[0][1]:
+        raise RuntimeError("OrjsonCodec does not round-trip")
+    return time_commit_typical(loops, target, env, sizes, codec=codec)
 
 
 def time_commit_replayed(loops: int, target: str, env: Env, sizes: Sizes) -> float:
@@ -1137,25 +1173,13 @@ def time_langgraph(loops: int, target: str, env: Env, sizes: Sizes) -> float:
 def time_codec(loops: int, which: str) -> float:
     """Encode + decode of what a typical commit encodes (the execution, 2 events, the
     spawn's root path and context, the trace step) and of the execution a load decodes:
-    ``json`` is the store's default codec (``harel_store._codec.JSON``), ``orjson`` the
-    same values through orjson (tuples as lists: what an orjson codec would start from)."""
+    ``json`` is the store's default codec (``harel_store._codec.JSON``), ``orjson``
+    :class:`OrjsonCodec`, the same format through orjson."""
     exe = typical_exe()
     values = [event for _, event in EMITS] + [SPAWNS[0][1], SPAWNS[0][2], STEP]
-    if which == "json":
-        from harel_store._codec import JSON
-
-        enc_exe, dec_exe = JSON.encode_execution, JSON.decode_execution
-        enc, dec = JSON.encode_value, JSON.decode_value
-    else:
-        import orjson
-
-        def enc_exe(e: Any) -> bytes:
-            return orjson.dumps(exe_fields(e))
-
-        def dec_exe(data: bytes) -> Execution:
-            return Execution(**orjson.loads(data))
-
-        enc, dec = orjson.dumps, orjson.loads
+    codec = _codec.JSON if which == "json" else OrjsonCodec()
+    enc_exe, dec_exe = codec.encode_execution, codec.decode_execution
+    enc, dec = codec.encode_value, codec.decode_value
     if dec_exe(enc_exe(exe)).id != exe.id:
         raise RuntimeError("codec does not round-trip")
     settle()
@@ -1208,6 +1232,8 @@ def cases(targets: tuple[str, ...], env: Env, sizes: Sizes, peers: bool) -> list
             Case(h + "commit_typical", time_commit_typical, a),
             Case(f"{target}:floor:commit_typical", time_floor_commit_typical, a),
         ]
+        if orjson_dumps is not None:
+            suite.append(Case(f"{target}:orjson:commit_typical", time_commit_typical_orjson, a))
         if peers:
             suite += [
                 Case(f"{target}:eventsourcing:commit_typical", time_eventsourcing, a),

@@ -236,6 +236,15 @@ def test_the_typical_commit_must_be_as_fast_as_each_peer() -> None:
     assert (row.measured, row.status) == ("0.90×", "FAIL")
 
 
+@pytest.mark.parametrize(("orjson", "status"), [(0.95e-3, "PASS"), (0.8e-3, "FAIL")])
+def test_an_orjson_extra_is_offered_only_past_10_percent(orjson: float, status: str) -> None:
+    """FAIL says the extra would be worth offering: the default codec's commit is more
+    than 1.1x the orjson one."""
+    d = durable({"sqlite-normal:commit_typical": {"harel": 1.0e-3, "orjson": orjson}})
+    assert durable_row(d, "sqlite-normal, an orjson codec").status == status
+    assert durable_row(d, "postgres, an orjson codec").status == "MISSING"
+
+
 @pytest.mark.parametrize(("large", "status"), [(1.4e-3, "PASS"), (1.6e-3, "FAIL")])
 def test_the_scaling_sweep_stays_within_1_5_times(large: float, status: str) -> None:
     d = durable(

@@ -536,6 +536,21 @@ def render_durable(d: Durable) -> list[str]:
     if disks:
         said = "; ".join(f"{label} {fmt_time(t)} ({1 / t:,.0f} per second)" for label, t in disks)
         out += ["", f"The disk: a 4 KiB write + `fdatasync` takes {said}."]
+        floors = []
+        for target in ("sqlite-full", "postgres"):
+            disk = med.get(f"{target}:fsync", med.get("machine:fsync", {})).get("disk")
+            floor = med.get(f"{target}:save", {}).get("floor")
+            if disk and floor:
+                floors.append(f"{target} {fmt_ratio(disk / floor)}")
+        if floors:
+            out += [
+                "",
+                "What the fsync targets ask, measured on the floor: the fewest calls that write "
+                "one row durably (the floor of `save`, one CAS update in one transaction) reach "
+                "this share of the disk's fsync rate (fsync time / floor time): "
+                + ", ".join(floors)
+                + ".",
+            ]
     codec = med.get("machine:codec_typical", {})
     if "json" in codec:
         line = (

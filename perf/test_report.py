@@ -330,6 +330,6 @@ def test_strict_fails_on_a_durable_target(
 
 
 def test_the_report_says_how_near_the_floor_of_a_write_comes_to_the_fsync_rate() -> None:
-    d = durable({"machine:fsync": {"disk": 0.5e-3}, "postgres:save": {"floor": 0.8e-3}})
+    d = durable({"machine:fsync": {"disk": 0.6e-3}, "postgres:save": {"floor": 0.8e-3}})
     text = "\n".join(report.render_durable(d))
-    assert "share of the disk's fsync rate (fsync time / floor time): postgres 0.62×." in text
+    assert "share of the disk's fsync rate (fsync time / floor time): postgres 0.75×." in text

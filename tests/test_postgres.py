@@ -550,6 +550,53 @@ def test_a_nul_in_an_id_is_a_value_error(opened: Callable[..., Any], call: Any) 
     assert store.load("e1").version == 1
 
 
+@pytest.mark.parametrize(
+    ("kind", "values"),
+    [
+        ("_Texts", [[], ["a"], ["x", None, "é€𝄞", ""], [None], ["p" * 5000]]),
+        ("_Blobs", [[], [b"t{}"], [b"", b"b\x00\xff", None], [bytes(range(256)) * 40]]),
+        ("_Floats", [[], [0.0], [1.5, -2.25e300, 5e-324, -0.0, 1e9 + 0.5]]),
+        ("_Ints", [[], [0], [1, -1, 2**63 - 1, -(2**63)]]),
+    ],
+)
+def test_the_array_parameters_are_written_as_psycopg_writes_them(
+    url: str, kind: str, values: list[list[Any]]
+) -> None:
+    """The store's array dumpers write the bytes psycopg's own list dumper writes for the
+    same type, and the server reads back the same values."""
+    from psycopg.adapt import PyFormat, Transformer
+    from psycopg.postgres import types
+    from psycopg.types.array import ListBinaryDumper
+
+    cls = getattr(postgres, kind)
+    name = postgres._ARRAYS[cls]
+    with psycopg.connect(url, autocommit=True) as conn:
+        postgres._adapt(conn)
+        ours = Transformer(conn).get_dumper(cls(), PyFormat.BINARY)
+        assert type(ours).__module__ == "harel_store.postgres"
+        info = types[name]
+        theirs_cls = type("Theirs", (ListBinaryDumper,), {"oid": info.array_oid})
+        theirs = theirs_cls(list, conn)
+        theirs.sub_dumper = Transformer(conn).get_dumper(
+            {"text": "", "bytea": b"", "float8": 0.0, "int8": 0}[name], PyFormat.BINARY
+        )
+        if name == "int8":
+            from psycopg.types.numeric import Int8BinaryDumper
+
+            theirs.sub_dumper = Int8BinaryDumper(int, conn)
+        elif name == "float8":
+            from psycopg.types.numeric import FloatBinaryDumper
+
+            theirs.sub_dumper = FloatBinaryDumper(float, conn)
+        for value in values:
+            assert ours.oid == info.array_oid
+            assert bytes(ours.dump(cls(value))) == bytes(theirs.dump(value)), value
+            back = conn.execute(f"SELECT %s::{name}[]", [cls(value)], binary=True).fetchone()
+            assert back is not None
+            got = [bytes(v) if isinstance(v, memoryview) else v for v in back[0]]
+            assert got == value
+
+
 def test_out_of_range_integers_are_refused_before_any_write(opened: Callable[..., Any]) -> None:
     store = opened()
     with pytest.raises(ValueError):

@@ -968,7 +968,7 @@ def _array_dumpers() -> list[tuple[type, type]]:
         def __init__(self, cls: type, context: Any = None) -> None:
             super().__init__(cls, context)
             # The connection's own text dumper: its client encoding, its refusals.
-            self.item = Transformer(context).get_dumper("", PyFormat.BINARY).dump  # type: ignore[method-assign]
+            self.item = Transformer(context).get_dumper("", PyFormat.BINARY).dump  # type: ignore[method-assign,assignment]
 
     class _Item8ArrayDumper(_ArrayDumper):
         pack = staticmethod(item8["int8"])

@@ -1032,6 +1032,16 @@ def _readable(fd: int) -> bool:
     return bool(poller.poll(0))
 
 
+_TUPLES_OK = 2  # psycopg.pq.ExecStatus.TUPLES_OK
+
+
+def _has_rows(cur: Any) -> bool:
+    """Whether the statement returned rows (``cur.description is not None``, without
+    the column objects psycopg builds for it at every call)."""
+    res = cur.pgresult
+    return res is not None and bool(res.nfields or res.status == _TUPLES_OK)
+
+
 def _run_on(conn: Any, op: _Op, query: _Query) -> Any:
     """Run ``op`` to its end on ``conn``, starting with ``query``."""
     import psycopg
@@ -1045,7 +1055,7 @@ def _run_on(conn: Any, op: _Op, query: _Query) -> Any:
                     raise
                 result: Any = _UNIQUE
             else:
-                result = cur.fetchall() if cur.description is not None else cur.rowcount
+                result = cur.fetchall() if _has_rows(cur) else cur.rowcount
             try:
                 query = op.send(result)
             except StopIteration as stop:
@@ -1073,7 +1083,7 @@ async def _arun_on(conn: Any, op: _Op, query: _Query) -> Any:
                     raise
                 result: Any = _UNIQUE
             else:
-                result = await cur.fetchall() if cur.description is not None else cur.rowcount
+                result = await cur.fetchall() if _has_rows(cur) else cur.rowcount
             try:
                 query = op.send(result)
             except StopIteration as stop:

@@ -597,6 +597,23 @@ def test_the_array_parameters_are_written_as_psycopg_writes_them(
             assert got == value
 
 
+def test_statements_without_rows_give_their_row_count(url: str) -> None:
+    """``_has_rows`` is psycopg's ``cursor.description is not None``, without building
+    column objects: rows for a query (also of no columns), the count for a command."""
+    assert postgres._TUPLES_OK == psycopg.pq.ExecStatus.TUPLES_OK
+    with psycopg.connect(url, autocommit=True) as conn:
+        for sql, rows in (
+            ("SELECT 1", True),
+            ("SELECT 1 WHERE false", True),
+            ("SELECT", True),
+            ("CREATE TEMP TABLE t (x int)", False),
+            ("INSERT INTO t VALUES (1), (2)", False),
+            ("INSERT INTO t VALUES (3) RETURNING x", True),
+        ):
+            cur = conn.execute(sql)
+            assert postgres._has_rows(cur) is rows is (cur.description is not None), sql
+
+
 def test_out_of_range_integers_are_refused_before_any_write(opened: Callable[..., Any]) -> None:
     store = opened()
     with pytest.raises(ValueError):

@@ -926,9 +926,9 @@ _DUMPERS: list[tuple[type, type]] = []
 def _array_dumpers() -> list[tuple[type, type]]:
     """Binary dumpers of the four one-dimensional array parameters, the array format
     written directly: psycopg's generic list dumper is Python that works out the
-    dimensions and an item dumper per call, and with the dozen arrays of a typical commit
-    it was most of the client's time (measured: 12 arrays of 2 items cost about 220 µs of
-    CPU per statement against 6 µs for scalars). A ``None`` item is a NULL, as there."""
+    dimensions and walks nested lists at every call, for each of the dozen arrays of a
+    typical commit (measured in one process: the client's CPU time per typical commit fell
+    from about 390 to 340 µs). A ``None`` item is a NULL, as there."""
     from struct import Struct
 
     from psycopg import pq

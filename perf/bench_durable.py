@@ -1180,7 +1180,7 @@ def time_langgraph(loops: int, target: str, env: Env, sizes: Sizes) -> float:
 # --- the codec ------------------------------------------------------------------------------
 
 
-def time_codec(loops: int, which: str) -> float:
+def time_codec(loops: int, which: str, decode: bool = True) -> float:
     """Encode + decode of what a typical commit encodes (the execution, 2 events, the
     spawn's root path and context, the trace step) and of the execution a load decodes:
     ``json`` is the store's default codec (``harel_store._codec.JSON``), ``orjson``
@@ -1194,6 +1194,12 @@ def time_codec(loops: int, which: str) -> float:
         raise RuntimeError("codec does not round-trip")
     settle()
     t0 = perf_counter()
+    if not decode:  # what a commit does: it encodes, and decodes nothing
+        for _ in range(loops):
+            enc_exe(exe)
+            for value in values:
+                enc(value)
+        return perf_counter() - t0
     for _ in range(loops):
         dec_exe(enc_exe(exe))
         for value in values:
@@ -1217,6 +1223,7 @@ def cases(targets: tuple[str, ...], env: Env, sizes: Sizes, peers: bool) -> list
     suite: list[Case] = [
         Case("machine:disk:fsync", time_fsync, (env,), per="write + fdatasync"),
         Case("machine:json:codec_typical", time_codec, ("json",), per="encode + decode"),
+        Case("machine:json:codec_encode", time_codec, ("json", False), per="encode"),
     ]
     with contextlib.suppress(ImportError):
         import orjson  # noqa: F401
@@ -1224,6 +1231,7 @@ def cases(targets: tuple[str, ...], env: Env, sizes: Sizes, peers: bool) -> list
         suite.append(
             Case("machine:orjson:codec_typical", time_codec, ("orjson",), per="encode + decode")
         )
+        suite.append(Case("machine:orjson:codec_encode", time_codec, ("orjson", False), per="encode"))
     big_t, big_o = _k(sizes.timers), _k(sizes.outbox)
     for target in targets:
         a = (target, env, sizes)

@@ -373,6 +373,11 @@ def _size_of(text: str) -> int:
     return int(match[1]) * {"": 1, "k": 1000, "m": 1_000_000}[match[2]]
 
 
+def _disk_key(med: Medians, target: str) -> str:
+    """The fsync rate measured next to the target's commits, else the run's first."""
+    return f"{target}:fsync" if "disk" in med.get(f"{target}:fsync", {}) else "machine:fsync"
+
+
 def durable_targets(d: Durable) -> list[Row]:
     """The targets of issue 14, each measured on this run. A ratio is judged on its 95%
     interval (resampled worker processes, as the speed-ups above); the scaling on the
@@ -415,8 +420,7 @@ def durable_targets(d: Durable) -> list[Row]:
         key = f"{target}:load"
         judge(f"{target}, `load` ≤ 1.2× its floor", (key, "harel"), (key, "floor"), 1.2, True)
     for target, what in (("sqlite-full", "synchronous=FULL"), ("postgres", "server defaults")):
-        # The fsync rate measured next to the target's commits, else the run's first.
-        disk = f"{target}:fsync" if "disk" in med.get(f"{target}:fsync", {}) else "machine:fsync"
+        disk = _disk_key(med, target)
         for case in ("commit_typical", "commit_minimal"):
             judge(
                 f"{target} ({what}), one writer's `{case}`/s ≥ 70% of the disk's fsyncs/s"
@@ -543,7 +547,7 @@ def render_durable(d: Durable) -> list[str]:
         out += ["", f"The disk: a 4 KiB write + `fdatasync` takes {said}."]
         floors = []
         for target in ("sqlite-full", "postgres"):
-            disk = med.get(f"{target}:fsync", med.get("machine:fsync", {})).get("disk")
+            disk = med.get(_disk_key(med, target), {}).get("disk")
             floor = med.get(f"{target}:save", {}).get("floor")
             if disk and floor:
                 floors.append(f"{target} {fmt_ratio(disk / floor)}")
@@ -569,13 +573,9 @@ def render_durable(d: Durable) -> list[str]:
         for target in DURABLE_TARGETS:
             typical = med.get(f"{target}:commit_typical", {}).get("harel")
             if typical:
-                share = f"{target} {codec['json'] / typical:.1%}"
-                if "orjson" in codec:
-                    share += f" ({(codec['json'] - codec['orjson']) / typical:.1%})"
-                shares.append(share)
+                shares.append(f"{target} {codec['json'] / typical:.1%}")
         if shares:
-            saved = " (and what orjson would save of it; a commit encodes and does not decode, so this is an upper bound)" if "orjson" in codec else ""
-            line += f". Its share of `commit_typical`{saved}: " + ", ".join(shares)
+            line += ". Its share of `commit_typical`: " + ", ".join(shares)
         line += "."
         if "json" in encode and "orjson" in encode:
             line += (

@@ -7,11 +7,15 @@ lock is needed. The logic lives once, in the sync store.
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar
 
 from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
 from ._store import DictStore
+
+if typing.TYPE_CHECKING:  # Self is in typing from Python 3.11 on
+    from typing_extensions import Self
 
 
 class AsyncDictStore:
@@ -31,7 +35,7 @@ class AsyncDictStore:
     ) -> None:
         self._store = self._sync_type(trace_max=trace_max, clock=clock)
 
-    async def __aenter__(self) -> AsyncDictStore:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -9,7 +9,8 @@ Each function either returns the value in the form the store writes, or raises a
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
+from math import isnan
 from sys import maxsize as MAX_SIZE
 from typing import Any, NamedTuple
 
@@ -72,7 +73,7 @@ def as_time(value: Any, what: str) -> float:
 def as_now(value: Any) -> float:
     """``now`` of a sweep: a real number, not NaN (infinities are fine: all or none due)."""
     now = value if type(value) is float else as_time(value, "now")
-    if now != now:
+    if isnan(now):
         raise ValueError("now must be a number, got nan")
     return now
 
@@ -87,27 +88,23 @@ def as_trace_max(value: Any) -> int | None:
 
 
 def as_commit_id(value: Any) -> str:
-    if type(value) is not str:
-        if not isinstance(value, str):
-            raise TypeError(f"commit_id must be a str, got {type(value).__name__}")
-        value = str(value)
-    return value
+    if not isinstance(value, str):
+        raise TypeError(f"commit_id must be a str, got {type(value).__name__}")
+    return value if type(value) is str else str(value)
 
 
 def as_epoch(value: Any) -> int:
-    if type(value) is not int:
-        value = as_int(value, "epoch")
-    if value < 0:
-        raise ValueError(f"epoch must be at least 0, got {value}")
-    return value
+    epoch: int = value if type(value) is int else as_int(value, "epoch")
+    if epoch < 0:
+        raise ValueError(f"epoch must be at least 0, got {epoch}")
+    return epoch
 
 
 def as_limit(value: Any) -> int:
-    if type(value) is not int:
-        value = as_int(value, "limit")
-    if value < 0:
-        raise ValueError(f"limit must be at least 0, got {value}")
-    return min(value, MAX_SIZE)
+    limit: int = value if type(value) is int else as_int(value, "limit")
+    if limit < 0:
+        raise ValueError(f"limit must be at least 0, got {limit}")
+    return min(limit, MAX_SIZE)
 
 
 def as_lease(value: Any) -> float:
@@ -300,7 +297,7 @@ def durable_exe_version(exe: Any) -> int:
         version = as_int(version, "execution version")
     if not INT64_MIN <= version < INT64_MAX:
         raise ValueError(f"execution version must fit in a signed 64-bit integer, got {version}")
-    return version  # type: ignore[no-any-return]
+    return version
 
 
 def durable_epoch(value: Any) -> int:

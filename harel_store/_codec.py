@@ -234,7 +234,7 @@ class JsonCodec:
             raise TypeError(str(exc)) from None
 
     def decode_execution(self, data: str | bytes) -> Execution:
-        fields = _decode(data if type(data) is str else bytes(data).decode())
+        fields = _decode(data if isinstance(data, str) else bytes(data).decode())
         return Execution(**{name: fields[name] for name in _FIELDS if name in fields})
 
     def encode_value(self, value: Any) -> str:
@@ -247,7 +247,7 @@ class JsonCodec:
             raise TypeError(str(exc)) from None
 
     def decode_value(self, data: str | bytes) -> Any:
-        return _decode(data if type(data) is str else bytes(data).decode())
+        return _decode(data if isinstance(data, str) else bytes(data).decode())
 
     def canonical_value(self, value: Any) -> str:
         """``value`` as JSON text with every dict's keys sorted: equal values, equal text."""

@@ -248,7 +248,7 @@ def durable_rows(
     encode_exe: Callable[[Any, str], Any],
     canonical: Callable[[Any], str | bytes],
     digest: Callable[[Any, str], bytes],
-    keep: int,
+    keep: int | None,
 ) -> Iterator[tuple[str, tuple[Any, ...]]]:
     """The rows a durable store's ``_restore`` writes for ``records``, each checked, as
     ``(kind, row)``: ``execution`` (id, version, epoch, encoded), ``mark`` (id, event id),
@@ -257,7 +257,7 @@ def durable_rows(
     (seq, target, encoded), ``spawn`` (seq, parent, child, encoded root path, encoded
     context), and ``seqs`` (last outbox seq, last spawn seq) when the records say.
     ``encode(value, what)`` and ``encode_exe(exe, id)`` give the store's stored form;
-    each ring keeps its last ``keep`` steps (0: all). A bad record raises
+    each ring keeps its last ``keep`` steps (0 or None: all). A bad record raises
     ``TypeError``/``ValueError`` naming it, before its row is yielded."""
     for record in records:
         kind = record[0]

@@ -31,6 +31,7 @@ copy of the execution's timer table, made before the first write.
 
 from __future__ import annotations
 
+import typing
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from copy import deepcopy
@@ -41,6 +42,9 @@ from typing import Any
 from . import _checks, _copy
 from ._errors import IdempotencyConflict, StaleWriter, StoreConflict
 from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
+
+if typing.TYPE_CHECKING:  # Self is in typing from Python 3.11 on
+    from typing_extensions import Self
 
 _new = tuple.__new__
 _DEAD: Any = object()  # the id slot of a timer entry that is no longer armed
@@ -155,6 +159,7 @@ class _Fifo:
             self.fresh = deque(self.pending())
         live = self.live
         fresh = self.fresh
+        assert live is not None and fresh is not None  # claims keep both from the first on
         leases = self.leases
         expiries = self.expiries
         retry = self.retry
@@ -288,19 +293,40 @@ class DictStore:
     preserves_identity = True
     durable = False
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> DictStore:
+    _busy: bool
+    _mixed: bool
+    _trace_max: int | None
+    _maxlen: int | None
+    _clock: Callable[[], float]
+    _slots: dict[Hashable, _Slot]
+    _outbox: _Fifo
+    _spawns: _Fifo
+    _heap: list[list[Any]]
+    _armed: list[list[Any]]
+    _leased: list[tuple[float, int, list[Any]]]
+    _seq: int
+    _spawn_seq: int
+    _timer_seq: int
+    _n_exes: int
+    _n_marks: int
+    _n_timers: int
+    _n_dead: int
+    _n_rings: int
+    _n_steps: int
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
         # The tables exist before __init__ runs, so a subclass that skips it still works.
         self = object.__new__(cls)
         self._busy = False
         self._mixed = False  # a mark or timer path that is not an exact str was stored
         self._trace_max = self._maxlen = DEFAULT_TRACE_MAX
         self._clock = monotonic
-        self._slots: dict[Hashable, _Slot] = {}
+        self._slots = {}
         self._outbox = _Fifo()
         self._spawns = _Fifo()
-        self._heap: list[list[Any]] = []
-        self._armed: list[list[Any]] = []
-        self._leased: list[tuple[float, int, list[Any]]] = []
+        self._heap = []
+        self._armed = []
+        self._leased = []
         self._seq = self._spawn_seq = self._timer_seq = 0
         self._n_exes = self._n_marks = self._n_timers = self._n_dead = 0
         self._n_rings = self._n_steps = 0
@@ -317,7 +343,7 @@ class DictStore:
         self.trace_max = trace_max
         self._clock = monotonic if clock is None else clock
 
-    def __enter__(self) -> DictStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -393,7 +419,7 @@ class DictStore:
                 if found != version:
                     raise StoreConflict(eid, version, found)
             new = slot is None
-            if new:
+            if slot is None:
                 slot = _Slot()
                 if slots.setdefault(eid, slot) is not slot:
                     raise _checks.inconsistent("the execution id")
@@ -703,7 +729,7 @@ class DictStore:
             limit = _checks.as_limit(limit)
             lease = _checks.as_lease(lease)
             now = self._now()
-            return self._outbox.claim(limit, now + lease, now)  # type: ignore[no-any-return]
+            return self._outbox.claim(limit, now + lease, now)
         finally:
             self._busy = False
 
@@ -731,7 +757,7 @@ class DictStore:
             limit = _checks.as_limit(limit)
             lease = _checks.as_lease(lease)
             now = self._now()
-            return self._spawns.claim(limit, now + lease, now)  # type: ignore[no-any-return]
+            return self._spawns.claim(limit, now + lease, now)
         finally:
             self._busy = False
 
@@ -794,7 +820,7 @@ class DictStore:
                     self._n_dead -= 1
                 else:
                     heappush(heap, entry)
-            claimed = []
+            claimed: list[tuple[Hashable, Hashable, float]] = []
             until = clock + lease
             while heap and len(claimed) < limit:
                 entry = heap[0]

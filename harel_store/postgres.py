@@ -1780,7 +1780,7 @@ class PostgresStore:
         )  # fmt: skip
         for kind, row in rows:
             if kind == "seqs":
-                seqs = row  # type: ignore[assignment]
+                seqs = row
             elif kind == "trace":
                 add(kind, row[:2])  # trace_index here holds no count of the steps
             else:

@@ -825,7 +825,7 @@ class SqliteStore:
         )  # fmt: skip
         for kind, row in rows:
             if kind == "seqs":
-                seqs = row  # type: ignore[assignment]
+                seqs = row
             else:
                 add(_RESTORE[kind], row)
         for sql, batch in batches.items():
@@ -860,7 +860,7 @@ class SqliteStore:
         now = self._clock()
         if type(now) is not float:
             now = _checks.as_time(now, "clock()")
-        return now  # type: ignore[no-any-return]
+        return now
 
     def _read(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
         with self._lock:
@@ -912,7 +912,7 @@ class SqliteStore:
             except BaseException:
                 _rollback(conn)
                 raise
-        return rows  # type: ignore[no-any-return]
+        return rows
 
     def _outbox_entries(self, rows: list[Any]) -> list[OutboxEntry]:
         decode = self._codec.decode_value

@@ -185,27 +185,33 @@ def big_db(target: str, n: int, kind: str = "big") -> str:
     return big_schema(n, kind) if target == "postgres" else f"{kind}_{_k(n).lower()}"
 
 
-def side_sql(target: str, env: Env, db: str) -> Callable[[str, tuple[Any, ...]], None]:
+@contextlib.contextmanager
+def side_sql(target: str, env: Env, db: str) -> Iterator[Callable[[str, tuple[Any, ...]], None]]:
     """A connection of the harness's own, to reset state between timed operations
-    (outside the clock), as a function running one statement in its own transaction."""
+    (outside the clock), as a function running one statement in its own transaction;
+    closed on leaving the block."""
     if target == "postgres":
         import psycopg
 
-        conn = psycopg.connect(env.pg_url, autocommit=True)
-        conn.execute(f'SET search_path TO "{db}"')
+        with psycopg.connect(env.pg_url, autocommit=True) as conn:
+            conn.execute(f'SET search_path TO "{db}"')
 
-        def run(sql: str, params: tuple[Any, ...] = ()) -> None:
-            conn.execute(sql.replace("?", "%s"), params)
+            def run(sql: str, params: tuple[Any, ...] = ()) -> None:
+                conn.execute(sql.replace("?", "%s"), params)
 
-        return run
+            yield run
+        return
     import sqlite3
 
     lite = sqlite3.connect(sqlite_path(env, db), isolation_level=None, timeout=30)
+    try:
 
-    def run_lite(sql: str, params: tuple[Any, ...] = ()) -> None:
-        lite.execute(sql, params)
+        def run_lite(sql: str, params: tuple[Any, ...] = ()) -> None:
+            lite.execute(sql, params)
 
-    return run_lite
+        yield run_lite
+    finally:
+        lite.close()
 
 
 # --- building the shared databases (main process, outside every clock) ---------------------
@@ -376,15 +382,15 @@ def reset_commit_db(target: str, env: Env) -> None:
     commit updates the same execution, timer and ring rows) would otherwise slow the next
     case by as much as the autovacuum happened to leave, so that cases of one run, the
     store's and its floor's, would not start from the same database."""
-    run = side_sql(target, env, commit_db(target))
-    for table in ("outbox", "spawns", "processed", "commit_ids"):
-        run(f"DELETE FROM {table}", ())
-    if target == "postgres":
-        run(
-            "VACUUM (ANALYZE) executions, outbox, spawns, processed, commit_ids, timers,"
-            " trace, trace_index",
-            (),
-        )
+    with side_sql(target, env, commit_db(target)) as run:
+        for table in ("outbox", "spawns", "processed", "commit_ids"):
+            run(f"DELETE FROM {table}", ())
+        if target == "postgres":
+            run(
+                "VACUUM (ANALYZE) executions, outbox, spawns, processed, commit_ids, timers,"
+                " trace, trace_index",
+                (),
+            )
 
 
 def time_commit_typical(
@@ -535,9 +541,8 @@ def time_claim_due_timers(loops: int, target: str, env: Env, sizes: Sizes, n: in
     """``claim_due_timers(now, limit=100)`` over ``n`` armed timers of which 10 are due;
     their leases are ended outside the clock before the next claim."""
     store = open_harel(target, env, big_db(target, n), sizes)
-    run = side_sql(target, env, big_db(target, n))
     unlease = unlease_timers(target)
-    with store:
+    with store, side_sql(target, env, big_db(target, n)) as run:
         claim = store.claim_due_timers
         run(unlease, (NOW,))
         settle()
@@ -556,9 +561,8 @@ def time_claim_outbox(loops: int, target: str, env: Env, sizes: Sizes, n: int) -
     """``claim_outbox(limit=100)`` over an outbox of ``n`` entries; the leases are ended
     outside the clock before the next claim."""
     store = open_harel(target, env, big_db(target, n), sizes)
-    run = side_sql(target, env, big_db(target, n))
     zero = "'-infinity'" if target == "postgres" else "0"
-    with store:
+    with store, side_sql(target, env, big_db(target, n)) as run:
         claim = store.claim_outbox
         settle()
         elapsed = 0.0

@@ -26,6 +26,13 @@ cdef extern from "Python.h":
     # A borrowed reference: compared, never owned.
     PyObject *PyDict_SetDefault(object d, object key, object default) except NULL
     Py_ssize_t PyDict_GET_SIZE(object d)
+    bint PyCFunction_Check(object obj)
+    int PyCFunction_GET_FLAGS(object func)
+    void *PyCFunction_GET_FUNCTION(object func)
+    int METH_O
+    void Py_DECREF(PyObject *obj)
+
+ctypedef PyObject *(*_MethO)(PyObject *, PyObject *)
 
 cdef extern from *:
     """
@@ -95,7 +102,7 @@ cdef class _Fifo:
     """Pending entries in seq order; ``live`` is None (dense) or the pending seqs."""
 
     cdef object entries
-    cdef object append
+    cdef _MethO append
     cdef set live
     cdef object fresh
     cdef dict leases
@@ -120,16 +127,23 @@ cdef class _Fifo:
         return [e for e in self.entries if (<tuple>e)[0] in self.live]
 
     cdef inline int renew(self, object entries) except -1:
-        # The bound append is kept: looking up deque.extend and iterating a list per
-        # commit costs more than the two appends of a typical one.
+        # deque.append's C function is kept and called directly: a commit appends two or
+        # three records, and a Python-level call (or deque.extend's iterator) costs more.
+        cdef object append = entries.append
+        if not PyCFunction_Check(append) or PyCFunction_GET_FLAGS(append) != METH_O:
+            raise RuntimeError("collections.deque.append is not a one-argument C function")
         self.entries = entries
-        self.append = entries.append
+        self.append = <_MethO>PyCFunction_GET_FUNCTION(append)
         return 0
 
     cdef int extend(self, list records, long long first, long long last) except -1:
         cdef object record
+        cdef PyObject *done
         for record in records:
-            self.append(record)
+            done = self.append(<PyObject *>self.entries, <PyObject *>record)
+            if done is NULL:
+                return -1
+            Py_DECREF(done)
         if self.live is not None:
             self.live.update(range(first, last + 1))
             if self.fresh is not None:

@@ -194,10 +194,11 @@ class _Fifo:
 class _Ring:
     """One execution's recent trace steps, and the index its next step gets."""
 
-    __slots__ = ("next_index", "steps")
+    __slots__ = ("maxlen", "next_index", "steps")
 
     def __init__(self, maxlen: int | None) -> None:
         self.steps: deque[dict[Any, Any]] = deque(maxlen=maxlen)
+        self.maxlen = maxlen  # the deque's, read here where a slot is cheaper to reach
         self.next_index = 0
 
 
@@ -684,7 +685,7 @@ class DictStore:
             if step is not None:
                 # _push_step, inlined: this is the hot path.
                 maxlen = self._maxlen
-                if ring is None or ring.steps.maxlen != maxlen:
+                if ring is None or ring.maxlen != maxlen:
                     self._push_step(slot, step)
                 else:
                     ring.next_index += 1
@@ -1260,10 +1261,11 @@ class DictStore:
         if ring is None:
             slot.ring = ring = _Ring(maxlen)
             self._n_rings += 1
-        elif ring.steps.maxlen != maxlen:
+        elif ring.maxlen != maxlen:
             kept = deque(ring.steps, maxlen=maxlen)
             self._n_steps += len(kept) - len(ring.steps)
             ring.steps = kept
+            ring.maxlen = maxlen
         ring.next_index += 1
         steps = ring.steps
         if len(steps) != maxlen:

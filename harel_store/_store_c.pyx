@@ -11,7 +11,7 @@ from time import monotonic
 from cpython.float cimport PyFloat_AS_DOUBLE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.ref cimport PyObject, Py_INCREF
-from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_SET_ITEM
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM
 
 from . import _checks, _copy
 from ._errors import IdempotencyConflict, StaleWriter, StoreConflict
@@ -136,7 +136,7 @@ cdef class _Fifo:
         self.append = <_MethO>PyCFunction_GET_FUNCTION(append)
         return 0
 
-    cdef int extend(self, list records, long long first, long long last) except -1:
+    cdef int extend(self, tuple records, long long first, long long last) except -1:
         cdef object record
         cdef PyObject *done
         for record in records:
@@ -436,8 +436,11 @@ cdef class DictStore:
         cdef tuple ops = _EMPTY
         cdef dict plain = None
         cdef object item
-        cdef list out = None
-        cdef list born = None
+        # Staged in tuples made at their final size: no list, no growth, no item array.
+        cdef tuple out = None
+        cdef tuple born = None
+        cdef object record
+        cdef Py_ssize_t i, count
         cdef dict step = None
         cdef dict slots = self._slots
         cdef dict marks = None
@@ -468,10 +471,14 @@ cdef class DictStore:
             if emits is _EMPTY:
                 pass
             elif type(emits) is list or type(emits) is tuple:
-                out = []
+                count = len(emits)
+                out = PyTuple_New(count)
                 n = self._seq
+                i = 0
                 for item in emits:
-                    if type(item) is not tuple or PyTuple_GET_SIZE(item) != 2:
+                    # A finalizer run by a collection that an allocation here sets off can
+                    # resize the list: any size but the one counted takes the slow path.
+                    if i == count or type(item) is not tuple or PyTuple_GET_SIZE(item) != 2:
                         out = None
                         break
                     target = (<tuple>item)[0]
@@ -479,9 +486,14 @@ cdef class DictStore:
                         out = None
                         break
                     n += 1
-                    out.append(_untracked(_new3(_OutboxEntry, n, target, (<tuple>item)[1]), 3))
+                    record = _untracked(_new3(_OutboxEntry, n, target, (<tuple>item)[1]), 3)
+                    Py_INCREF(record)
+                    PyTuple_SET_ITEM(out, i, record)
+                    i += 1
+                if i != count:
+                    out = None
             if out is None and emits is not _EMPTY:
-                out = _checks.outbox_entries(emits, self._seq)
+                out = tuple(_checks.outbox_entries(emits, self._seq))
             if processed_event_id is not None and type(processed_event_id) is not str:
                 _checks.hashable(processed_event_id, "processed_event_id")
                 str_keys = False
@@ -519,10 +531,12 @@ cdef class DictStore:
             if spawns is not _EMPTY:
                 if type(spawns) is list or type(spawns) is tuple:
                     # Exact dicts are copied here: dict.copy runs no caller code.
-                    born = []
+                    count = len(spawns)
+                    born = PyTuple_New(count)
                     n = self._spawn_seq
+                    i = 0
                     for item in spawns:
-                        if type(item) is not tuple or PyTuple_GET_SIZE(item) != 3:
+                        if i == count or type(item) is not tuple or PyTuple_GET_SIZE(item) != 3:
                             born = None
                             break
                         child_id = (<tuple>item)[0]
@@ -531,14 +545,17 @@ cdef class DictStore:
                             born = None
                             break
                         n += 1
-                        born.append(
-                            _untracked(
-                                _new5(_SpawnEntry, n, eid, child_id, (<tuple>item)[1], (<dict>context).copy()),
-                                5,
-                            )
+                        record = _untracked(
+                            _new5(_SpawnEntry, n, eid, child_id, (<tuple>item)[1], (<dict>context).copy()),
+                            5,
                         )
+                        Py_INCREF(record)
+                        PyTuple_SET_ITEM(born, i, record)
+                        i += 1
+                    if i != count:
+                        born = None
                 if born is None:
-                    born = _checks.spawn_entries(spawns, eid, self._spawn_seq)
+                    born = tuple(_checks.spawn_entries(spawns, eid, self._spawn_seq))
             if trace is not None:
                 step = (<dict>trace).copy() if type(trace) is dict else _checks.trace_step(trace, "trace")
             try:

@@ -289,11 +289,13 @@ def child_resize(mod: Any, what: str, how: str) -> dict[str, Any]:
         items = [(None, {"n": i}) for i in range(4)]
     else:
         items = [(f"c{i}", "r", {"n": i}) for i in range(4)]
-    ran = []
+    ran: list[bool] = []
+    returned: list[bool] = []
+    held = len(items)
 
     class Resizer:
         def __del__(self) -> None:
-            ran.append(True)
+            ran.append(not returned)  # whether it ran inside the commit
             if how == "grow":
                 items.extend(items[:1] * 50)
             else:
@@ -306,15 +308,22 @@ def child_resize(mod: Any, what: str, how: str) -> dict[str, Any]:
     del resizer
     threshold = gc.get_threshold()
     gc.set_threshold(1)
-    try:  # the first allocation of a tracked object from here on runs the finalizer
+    # From here the first allocation of a tracked object sets off a collection, at once
+    # up to CPython 3.11; from 3.12 at the next bytecode boundary, after the compiled
+    # commit has returned.
+    try:
         if what == "emits":
             store.commit(exe, items)
         else:
             store.commit(exe, no_emits, spawns=items)
+        returned.append(True)
     finally:
         gc.set_threshold(*threshold)
+    gc.collect()
+    if ran and ran[0]:
+        held = len(items)
     pending = store.pending_outbox() if what == "emits" else store.pending_spawns()
-    return {"ran": bool(ran), "seqs": [entry[0] for entry in pending], "held": len(items)}
+    return {"during": ran[:1], "seqs": [entry[0] for entry in pending], "held": held}
 
 
 def schedule_c() -> TimerOp:
@@ -644,11 +653,15 @@ def test_a_list_resized_by_a_finalizer_mid_commit(impl: Any, pure_impl: Any, cas
     """The compiled commit stages the records of exact lists in tuples of the size it
     counted first; a finalizer that runs inside the commit and resizes the list must
     neither crash it nor lose or invent an entry: the commit stores what the list holds
-    once the finalizer has run, as the pure store does."""
+    once the finalizer has run, as the pure store does. From CPython 3.12 a collection
+    waits for a bytecode boundary, so in the compiled store it runs after the commit,
+    which then stores the list as it was."""
     result = child_result(impl, case)
-    assert result["ran"], "the finalizer never ran: the case tests nothing"
+    assert result["during"], "the finalizer never ran"
     assert result["seqs"] == list(range(1, result["held"] + 1)), result
-    assert result == child_result(pure_impl, case)
+    if impl.name == "pure" or sys.version_info < (3, 12):
+        assert result["during"] == [True], "the finalizer ran after the commit: nothing tested"
+        assert result == child_result(pure_impl, case)
 
 
 class Box:

@@ -290,12 +290,11 @@ def child_resize(mod: Any, what: str, how: str) -> dict[str, Any]:
     else:
         items = [(f"c{i}", "r", {"n": i}) for i in range(4)]
     ran: list[bool] = []
-    returned: list[bool] = []
     held = len(items)
 
     class Resizer:
         def __del__(self) -> None:
-            ran.append(not returned)  # whether it ran inside the commit
+            ran.append(store.load("e") is None)  # before the commit's first write
             if how == "grow":
                 items.extend(items[:1] * 50)
             else:
@@ -316,7 +315,6 @@ def child_resize(mod: Any, what: str, how: str) -> dict[str, Any]:
             store.commit(exe, items)
         else:
             store.commit(exe, no_emits, spawns=items)
-        returned.append(True)
     finally:
         gc.set_threshold(*threshold)
     gc.collect()

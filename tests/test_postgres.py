@@ -1113,7 +1113,13 @@ def test_a_writer_killed_mid_stream_loses_no_returned_commit(
             assert line, f"the writer died: {proc.communicate()[1]}"
             seen = int(line)
         proc.send_signal(signal.SIGKILL)
-        rest, err = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
+        # What the child printed before it died: read through the buffer readline used
+        # (communicate reads the pipe itself and would miss lines already buffered).
+        assert proc.stderr is not None
+        rest, err = proc.stdout.read(), proc.stderr.read()
+        proc.stdout.close()
+        proc.stderr.close()
         assert proc.returncode == -signal.SIGKILL, err
         printed = max([seen, *map(int, rest.split())])
         with PostgresStore(url, schema=pg_schema, trace_max=50) as store:

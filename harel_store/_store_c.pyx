@@ -16,6 +16,7 @@ from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_New, PyTu
 from . import _checks, _copy
 from ._errors import IdempotencyConflict, StaleWriter, StoreConflict
 from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
+from ._records import Execution as _Exe
 
 cdef extern from "Python.h":
     object PyType_GenericAlloc(type cls, Py_ssize_t nitems)
@@ -31,6 +32,23 @@ cdef extern from "Python.h":
     void *PyCFunction_GET_FUNCTION(object func)
     int METH_O
     void Py_DECREF(PyObject *obj)
+    void Py_XDECREF(PyObject *obj)
+    ctypedef struct _Type "PyTypeObject":
+        unsigned long tp_flags
+        unsigned int tp_version_tag
+        void *tp_getattro
+        void *tp_setattro
+    _Type *Py_TYPE(object obj)
+    unsigned long Py_TPFLAGS_VALID_VERSION_TAG
+    PyObject *_PyType_Lookup(_Type *tp, object name)
+    PyObject *PyObject_GenericGetAttr(PyObject *obj, PyObject *name)
+    int PyObject_GenericSetAttr(PyObject *obj, PyObject *name, PyObject *value)
+    ctypedef struct PyMemberDef:
+        int type
+        Py_ssize_t offset
+        int flags
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef *d_member
 
 ctypedef PyObject *(*_MethO)(PyObject *, PyObject *)
 
@@ -54,6 +72,76 @@ cdef str _SCHEDULE = "schedule"
 cdef str _CANCEL = "cancel"
 cdef object _reentered = _checks.reentered
 cdef object _bad_exe = _checks.bad_exe
+
+
+# An exact Execution's id and version are read and written in their slots, as the
+# interpreter's specialised LOAD_ATTR_SLOT does: Cython's generic attribute access cost
+# about 400 instructions a commit. The slots are used only while Execution's attribute
+# lookup is still the one checked here (same descriptors, generic getattr/setattr); the
+# type's version tag, which CPython resets on any change to the class, keeps that check
+# cheap. Anything else (a subclass, a replaced attribute, a deleted slot) goes generic.
+cdef type _Execution = _Exe
+cdef object _MemberType = type(_Exe.version)
+cdef object _ID_DESCR = _Exe.__dict__["id"]
+cdef object _VERSION_DESCR = _Exe.__dict__["version"]
+cdef unsigned int _exe_tag = 0
+
+
+cdef Py_ssize_t _slot_offset(object descr):
+    cdef PyMemberDef *member
+    if type(descr) is not _MemberType:
+        return 0
+    member = (<PyMemberDescrObject *>descr).d_member
+    # 16 is T_OBJECT_EX and 1 READONLY, the same values from 3.10 to 3.13.
+    if member.type != 16 or member.flags & 1:
+        return 0
+    return member.offset
+
+
+cdef Py_ssize_t _ID_AT = _slot_offset(_ID_DESCR)
+cdef Py_ssize_t _VERSION_AT = _slot_offset(_VERSION_DESCR)
+
+
+cdef bint _slots_checked(_Type *tp):
+    global _exe_tag
+    if (
+        _ID_AT == 0
+        or _VERSION_AT == 0
+        or tp.tp_getattro != <void *>PyObject_GenericGetAttr
+        or tp.tp_setattro != <void *>PyObject_GenericSetAttr
+        or _PyType_Lookup(tp, "id") != <PyObject *>_ID_DESCR
+        or _PyType_Lookup(tp, "version") != <PyObject *>_VERSION_DESCR
+    ):
+        return False
+    # _PyType_Lookup gives the type a tag where it can; without one, check every time.
+    if tp.tp_flags & Py_TPFLAGS_VALID_VERSION_TAG:
+        _exe_tag = tp.tp_version_tag
+    return True
+
+
+cdef inline bint _own_slots(object exe):
+    cdef _Type *tp = Py_TYPE(exe)
+    if <PyObject *>tp != <PyObject *>_Execution:
+        return False
+    if tp.tp_flags & Py_TPFLAGS_VALID_VERSION_TAG and tp.tp_version_tag == _exe_tag:
+        return True
+    return _slots_checked(tp)
+
+
+cdef inline PyObject **_slot_at(object exe, Py_ssize_t offset):
+    return <PyObject **>((<char *><PyObject *>exe) + offset)
+
+
+cdef inline object _exe_attr(object exe, Py_ssize_t offset, str name):
+    cdef PyObject *held
+    if _own_slots(exe):
+        held = _slot_at(exe, offset)[0]
+        if held != NULL:
+            return <object>held
+    try:
+        return getattr(exe, name)
+    except AttributeError:
+        raise _bad_exe(name, exe) from None
 
 
 cdef inline object _new3(type cls, object a, object b, object c):
@@ -450,7 +538,8 @@ cdef class DictStore:
         cdef tuple plan = None
         cdef bint str_keys = True
         cdef bint late_mark
-        cdef object eid, prev, version, found, target, action, fire_at, child_id, context
+        cdef object eid, prev, version, found, target, action, fire_at, child_id, context, held
+        cdef PyObject *prior
         cdef tuple fence
         cdef long long n
         cdef Py_ssize_t size
@@ -458,10 +547,7 @@ cdef class DictStore:
             raise _reentered("commit")
         self._busy = True
         try:
-            try:
-                eid = exe.id
-            except AttributeError:
-                raise _bad_exe("id", exe) from None
+            eid = _exe_attr(exe, _ID_AT, "id")
             if commit_id is not None or epoch is not None:
                 fence = self._fence(exe, eid, commit_id, epoch, emits, processed_event_id, timers, spawns, trace)
                 if fence is None:
@@ -562,10 +648,7 @@ cdef class DictStore:
                 slot = slots.get(eid)
             except TypeError:
                 raise _bad_exe("hash", eid) from None
-            try:
-                version = exe.version
-            except AttributeError:
-                raise _bad_exe("version", exe) from None
+            version = _exe_attr(exe, _VERSION_AT, "version")
             if type(version) is not int:
                 version = _checks.as_int(version, "execution version")
             prev = None if slot is None else slot.exe
@@ -597,7 +680,15 @@ cdef class DictStore:
                 undo = self._mark_first(slot, processed_event_id)
                 late_mark = False
             try:
-                exe.version = version + 1
+                if _own_slots(exe):
+                    # What the slot's setter does: the old value is released last.
+                    held = version + 1
+                    Py_INCREF(held)
+                    prior = _slot_at(exe, _VERSION_AT)[0]
+                    _slot_at(exe, _VERSION_AT)[0] = <PyObject *>held
+                    Py_XDECREF(prior)
+                else:
+                    exe.version = version + 1
             except BaseException as exc:
                 if undo is not None:
                     undo.popitem()

@@ -18,6 +18,10 @@ crash, leak or half-write, and they agree.
    raises. Each raise leaves the whole observable state and ``exe.version`` as they were;
    a retry then ends exactly like a store that never saw the failure.
 6. A number whose ``__float__``/``__int__`` returns a strict subclass warns alike in both.
+7. ``id`` and ``version`` are read and written as attribute access would, even where the
+   compiled store reaches an exact ``Execution``'s slots directly: a property, a
+   ``__getattribute__`` or ``__setattr__`` put on the class (before a commit or during
+   one), or a deleted slot, behaves the same in both stores.
 """
 
 from __future__ import annotations
@@ -1563,3 +1567,145 @@ def test_numbers_that_convert_to_a_subclass_warn_alike(impl: Any, case: str, act
     if case.startswith("claim") and not hasattr(impl.DictStore, "claim_outbox"):
         pytest.fail(f"the {impl.name} store has no claims")
     assert warned(impl, case, action) == warned(other_impl(impl), case, action)
+
+
+# --- 7. id and version read as attribute access reads them -----------------------------
+
+
+def logging_property(name: str, log: list[tuple[str, str]]) -> property:
+    """A property over the slot's own storage that logs every get and set."""
+    slot = Execution.__dict__[name]
+
+    def get(self: Any) -> Any:
+        log.append(("get", name))
+        return slot.__get__(self, Execution)
+
+    def put(self: Any, value: Any) -> None:
+        log.append(("set", name))
+        slot.__set__(self, value)
+
+    return property(get, put)
+
+
+@contextmanager
+def on_execution(name: str, value: Any) -> Iterator[None]:
+    """``Execution.<name> = value`` for the block; the class as it was afterwards."""
+    had = name in Execution.__dict__
+    old = Execution.__dict__.get(name)
+    setattr(Execution, name, value)
+    try:
+        yield
+    finally:
+        if had:
+            setattr(Execution, name, old)
+        else:
+            delattr(Execution, name)
+
+
+class HashHook:
+    """An execution id (equal to and hashing like ``"h"``) that runs ``hook`` at its
+    ``n``-th hash: caller code in the middle of a commit."""
+
+    def __init__(self, n: int, hook: Callable[[], None]) -> None:
+        self.n, self.hook, self.calls = n, hook, 0
+
+    def __hash__(self) -> int:
+        self.calls += 1
+        if self.calls == self.n:
+            self.hook()
+        return hash("h")
+
+    def __eq__(self, other: object) -> bool:
+        return other == "h"
+
+    def __repr__(self) -> str:
+        return "HashHook()"
+
+
+def attribute_run(impl: Any, change: str, name: str) -> tuple[Any, ...]:
+    """Commits around a change to how ``Execution`` reaches ``name``; what was logged
+    and the store's state at each step."""
+    store = impl.DictStore()
+    exe = Execution(id="e")
+    store.commit(exe, [], "p0")  # the compiled store has checked the class by now
+    log: list[tuple[str, str]] = []
+    outcomes = []
+    if change == "property":
+        with on_execution(name, logging_property(name, log)):
+            outcomes.append(run_call(lambda: store.commit(exe, [("t", "a")], "p1"))[0])
+    elif change == "getattribute":
+
+        def getattribute(self: Any, attr: str) -> Any:
+            log.append(("get", attr))
+            return object.__getattribute__(self, attr)
+
+        with on_execution("__getattribute__", getattribute):
+            outcomes.append(run_call(lambda: store.commit(exe, [("t", "a")], "p1"))[0])
+    elif change == "setattr":
+
+        def setattr_(self: Any, attr: str, value: Any) -> None:
+            log.append(("set", attr))
+            object.__setattr__(self, attr, value)
+
+        with on_execution("__setattr__", setattr_):
+            outcomes.append(run_call(lambda: store.commit(exe, [("t", "a")], "p1"))[0])
+    elif change == "deleted":
+        keep = getattr(exe, name)
+        delattr(exe, name)
+        outcomes.append(run_call(lambda: store.commit(exe, [("t", "a")], "p1"))[0])
+        setattr(exe, name, keep)
+    elif change == "mid-commit":
+        # The id's first hash (the commit's lookup of the slot) puts the property on the
+        # class; the version is read and written after it.
+        prop = logging_property("version", log)
+        old = Execution.__dict__["version"]
+        hooked = Execution(id=HashHook(1, lambda: setattr(Execution, "version", prop)))
+        try:
+            outcomes.append(run_call(lambda: store.commit(hooked, [("t", "b")], "q1"))[0])
+        finally:
+            Execution.version = old
+        outcomes.append((hooked.version, hooked.id.calls >= 1))
+    # The class is whole again: the next commits take whatever path they took before.
+    outcomes.append(run_call(lambda: store.commit(exe, [("t", "c")], "p2"))[0])
+    outcomes.append(run_call(lambda: store.commit(Execution(id="f"), [], "r"))[0])
+    return (
+        log,
+        outcomes,
+        exe.version,
+        snapshot(
+            store, ["e", "f"], ["p0", "p1", "p2", "q1", "r"], identify=lambda obj: obj is exe
+        ),
+    )
+
+
+ATTRIBUTE_CHANGES = [
+    ("property", "id"),
+    ("property", "version"),
+    ("getattribute", "-"),
+    ("setattr", "-"),
+    ("deleted", "id"),
+    ("deleted", "version"),
+    ("mid-commit", "version"),
+]
+
+
+@pytest.mark.parametrize(("change", "name"), ATTRIBUTE_CHANGES, ids=["-".join(c) for c in ATTRIBUTE_CHANGES])
+def test_id_and_version_are_reached_as_attribute_access_reaches_them(
+    impl: Any, change: str, name: str
+) -> None:
+    """Both stores call what the class says, fail alike on a deleted slot, and agree."""
+    run = attribute_run(impl, change, name)
+    assert run == attribute_run(other_impl(impl), change, name)
+    log, outcomes = run[0], run[1]
+    if change in ("property", "mid-commit"):
+        assert ("get", name) in log, log
+        assert name == "id" or ("set", "version") in log, log
+    if change == "getattribute":
+        assert {("get", "id"), ("get", "version")} <= set(log), log
+    if change == "setattr":
+        assert ("set", "version") in log, log
+    if change == "deleted":
+        assert outcomes[0][0] == "TypeError", outcomes
+    else:
+        assert outcomes[0][0] == "ok", outcomes
+    assert all(o[0] == "ok" for o in outcomes[-2:]), outcomes

@@ -2,6 +2,7 @@
 specification typed in (``spec_port.py``), measured in the same run.
 
     python perf/bench_store.py -o perf/results.json          # everything, ~tens of minutes
+    python perf/bench_store.py --rounds 1 -o x.json          # in one pass (default: 4 rounds)
     python perf/bench_store.py --impl compiled,pure -o x.json
     python perf/bench_store.py --bench '*commit*' -o x.json  # a subset (fnmatch, repeatable)
     python perf/report.py perf/results.json > perf/RESULTS.md
@@ -20,6 +21,12 @@ which leave entries behind, take a fresh store every ``COMMIT_CHUNK`` commits (s
 ``time_commit_typical``);
 the read-only cases (``load_hit``, ``due_timers``) reuse their store for the whole worker.
 
+A run is taken in ``--rounds`` rounds (default 4): the whole suite again and again, each
+time with its share of the worker processes, all appended to one JSON file. On a shared
+virtual machine the speed of the machine drifts over minutes; in rounds, every
+implementation of a case samples the same stretches of the run, so the ratios between
+them are not the ratio of two moments.
+
 The garbage collector stays on while the clock runs, but every setup ends with
 :func:`settle`: the collections in a timed region then work for what the timed operations
 allocate, not for the store and the inputs built a moment before it.
@@ -32,7 +39,11 @@ import asyncio
 import gc
 import importlib
 import inspect
+import os
 import random
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
@@ -615,6 +626,45 @@ def add_cmdline_args(cmd: list[str], args: argparse.Namespace) -> None:
         cmd.extend(("--demo-executions", str(args.demo_executions)))
 
 
+def round_shares(processes: int, rounds: int) -> list[int]:
+    """``processes`` worker processes split over at most ``rounds`` rounds, none empty."""
+    rounds = max(1, min(rounds, processes))
+    share, extra = divmod(processes, rounds)
+    return [share + (i < extra) for i in range(rounds)]
+
+
+def run_rounds(args: argparse.Namespace, argv: list[str]) -> int:
+    """Run this script once per round, each with its share of ``args.processes``, into
+    one JSON file: ``-o`` for the first round (so an existing file is still refused),
+    ``--append`` for the others. Without either, into a temporary file that pyperf shows
+    at the end."""
+    own = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    own.add_argument("--rounds")
+    own.add_argument("-o", "--output")
+    own.add_argument("--append")
+    own.add_argument("-p", "--processes")
+    own.add_argument("--spec-drain-processes")
+    _, rest = own.parse_known_args(argv)
+    shares = round_shares(args.processes, args.rounds)
+    n = args.spec_drain_processes
+    # The spec's drains take one process a round at least.
+    spec_shares = [max(1, n // len(shares) + (i < n % len(shares))) for i in range(len(shares))]
+    with tempfile.TemporaryDirectory() as tmp:
+        target = args.output or args.append or os.path.join(tmp, "rounds.json")
+        for number, (share, spec_share) in enumerate(zip(shares, spec_shares), 1):
+            first = number == 1 and args.output
+            cmd = [sys.executable, os.path.abspath(__file__), *rest, "--rounds", "1"]
+            cmd += ["--processes", str(share), "--spec-drain-processes", str(spec_share)]
+            cmd += ["-o" if first else "--append", target]
+            print(f"--- round {number} of {len(shares)}: {share} processes a benchmark", flush=True)
+            code = subprocess.call(cmd)
+            if code:
+                return code
+        if not (args.output or args.append):
+            return subprocess.call([sys.executable, "-m", "pyperf", "show", target])
+    return 0
+
+
 @contextmanager
 def few_processes(runner: pyperf.Runner, processes: int) -> Iterator[None]:
     """Run the benchmarks registered inside with at most ``processes`` workers of one
@@ -659,8 +709,23 @@ def main() -> None:
         help="workers (one value each) for the spec's quadratic drains, whose single "
         "value takes seconds (default: 4)",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=4,
+        metavar="N",
+        help="split the worker processes of every benchmark over N passes of the whole "
+        "suite, appended to one JSON file, so that all implementations sample the same "
+        "stretches of the run (default: 4; never more rounds than processes)",
+    )
     parser.add_argument("--demo-executions", type=int, help=argparse.SUPPRESS)
     args = runner.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, not {args.rounds}")
+    if args.spec_drain_processes < 1:
+        parser.error(f"--spec-drain-processes must be at least 1, not {args.spec_drain_processes}")
+    if not args.worker and len(round_shares(args.processes, args.rounds)) > 1:
+        sys.exit(run_rounds(args, sys.argv[1:]))
     sizes = QUICK if args.quick else FULL
     runner.metadata["harel_sizes"] = "quick" if args.quick else "full"
     runner.metadata["harel_version"] = harel_store.__version__

@@ -1,12 +1,16 @@
 """The verdicts of ``report.py`` on made-up runs (CI runs this with the perf smoke test,
-once pyperf is installed): a speed-up target passes only when its whole interval clears it."""
+once pyperf is installed): a speed-up target passes only when its whole interval clears it.
+And the rounds of ``bench_store.py``, which gather one run's workers into one file."""
 
 from __future__ import annotations
 
 import random
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
+import bench_store
 import pyperf
 import pytest
 import report
@@ -339,3 +343,30 @@ def test_the_report_says_how_near_the_floor_of_a_write_comes_to_the_fsync_rate()
     d = durable({"machine:fsync": {"disk": 0.6e-3}, "postgres:save": {"floor": 0.8e-3}})
     text = "\n".join(report.render_durable(d))
     assert "share of the disk's fsync rate (fsync time / floor time): postgres 0.75×." in text
+
+
+@pytest.mark.parametrize(
+    ("processes", "rounds", "shares"),
+    [(20, 4, [5, 5, 5, 5]), (7, 3, [3, 2, 2]), (2, 4, [1, 1]), (1, 4, [1]), (5, 1, [5])],
+)
+def test_rounds_share_the_processes_and_none_is_empty(
+    processes: int, rounds: int, shares: list[int]
+) -> None:
+    assert bench_store.round_shares(processes, rounds) == shares
+
+
+def test_the_rounds_of_one_run_land_in_one_file(tmp_path: Path) -> None:
+    out = tmp_path / "rounds.json"
+    cmd = [sys.executable, str(Path(bench_store.__file__)), "--quick", "--impl", "pure,spec"]
+    cmd += ["--bench", "*:commit_minimal", "--bench", "spec:drain_fifo_1k"]
+    cmd += ["--processes", "3", "--rounds", "2", "--spec-drain-processes", "1"]
+    cmd += ["--values", "1", "--warmups", "0", "--loops", "1", "--quiet", "-o", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    assert done.stdout.count("--- round ") == 2
+    suite = pyperf.BenchmarkSuite.load(str(out))
+    runs = {bench.get_name(): bench.get_nrun() for bench in suite}
+    # Three processes in two rounds; the spec's drain takes one process in each round.
+    assert runs == {"pure:commit_minimal": 3, "spec:commit_minimal": 3, "spec:drain_fifo_1k": 2}
+    again = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    assert again.returncode != 0 and "already exists" in again.stdout + again.stderr
+    assert pyperf.BenchmarkSuite.load(str(out)).get_benchmark("pure:commit_minimal").get_nrun() == 3

@@ -387,19 +387,31 @@ cdef class _Slot:
     cdef object epoch
 
 
-cdef tuple _body(object out, object processed_event_id, tuple ops, object born, object step):
-    cdef object op
+cdef tuple _body(tuple out, object processed_event_id, tuple ops, tuple born, object step):
+    # The staged records are the store's own tuples of 3 and 5 items, their contexts
+    # its own exact dicts: read in place, as the pure store's slices and copies read them.
+    cdef object op, record
+    cdef tuple emitted = _EMPTY, spawned = _EMPTY
+    cdef Py_ssize_t i
     for op in ops:
         if (<tuple>op)[0] is _CANCEL and (<tuple>op)[2] is not None:
             ops = _checks.timer_ops(ops)
             break
-    return (
-        tuple([e[1:] for e in out]) if out else _EMPTY,
-        processed_event_id,
-        ops,
-        tuple([(s[2], s[3], s[4].copy()) for s in born]) if born else _EMPTY,
-        step,
-    )
+    if out:
+        emitted = PyTuple_New(PyTuple_GET_SIZE(out))
+        for i in range(PyTuple_GET_SIZE(out)):
+            record = (<tuple>out)[i]
+            record = ((<tuple>record)[1], (<tuple>record)[2])
+            Py_INCREF(record)
+            PyTuple_SET_ITEM(emitted, i, record)
+    if born:
+        spawned = PyTuple_New(PyTuple_GET_SIZE(born))
+        for i in range(PyTuple_GET_SIZE(born)):
+            record = (<tuple>born)[i]
+            record = ((<tuple>record)[2], (<tuple>record)[3], (<dict>(<tuple>record)[4]).copy())
+            Py_INCREF(record)
+            PyTuple_SET_ITEM(spawned, i, record)
+    return (emitted, processed_event_id, ops, spawned, step)
 
 
 cdef bint _same_body(
@@ -1278,8 +1290,8 @@ cdef class DictStore:
 
 
 cdef int _enter(
-    _Slot slot, object commit_id, object epoch, object version, object out,
-    object processed_event_id, tuple ops, object born, object step,
+    _Slot slot, object commit_id, object epoch, object version, tuple out,
+    object processed_event_id, tuple ops, tuple born, object step,
 ) except -1:
     if commit_id is not None:
         if slot.commits is None:

@@ -8,6 +8,7 @@ The collector's work that the commits cause is counted, as in ``commit_typical``
 
     python perf/instructions.py                  # compiled, pure and spec, 1,000 commits
     python perf/instructions.py --impl pure,spec --commits 2000
+    python perf/instructions.py --case id_epoch  # with a fresh commit_id and epoch=1
 
 Needs ``valgrind`` on the PATH. Each implementation is counted in its own process:
 ``python perf/instructions.py --inner IMPL N`` runs the commits, and the counting is
@@ -24,16 +25,23 @@ import subprocess
 import sys
 import tempfile
 from collections import deque
+from collections.abc import Callable
 from itertools import starmap
 from pathlib import Path
+from typing import Any
 
 import bench_store
 
 COLLECTED = re.compile(r"Collected : (\d+)")
 
 
-def inner(impl_name: str, commits: int) -> None:
-    """The counted loop: ``commits`` typical commits into a fresh commit store."""
+CASES = ("typical", "id_epoch")
+
+
+def inner(impl_name: str, commits: int, case: str = "typical") -> None:
+    """The counted loop: ``commits`` typical commits into a fresh commit store; with
+    ``case="id_epoch"`` each also with a fresh ``commit_id`` and ``epoch=1``, as
+    ``bench_store.py``'s ``commit_typical_id_epoch``."""
     impl = bench_store.load_impl(impl_name)
     sizes = bench_store.Sizes()
     store = bench_store.commit_store(impl, sizes)
@@ -41,27 +49,31 @@ def inner(impl_name: str, commits: int) -> None:
     commit = store.commit
     emits, spawns, step = bench_store.EMITS, bench_store.SPAWNS, bench_store.STEP
     work = bench_store.typical_work(commits)
+    calls: list[tuple[Any, ...]] = list(work)
+    one: Callable[..., None]
+    if case == "typical":
+        one = lambda event_id, rearm: commit(
+            exe, emits, processed_event_id=event_id, timers=rearm, spawns=spawns, trace=step
+        )
+    else:
+        calls = [(event_id, rearm, f"commit-{i}") for i, (event_id, rearm) in enumerate(work)]
+        one = lambda event_id, rearm, commit_id: commit(
+            exe, emits, processed_event_id=event_id, timers=rearm, spawns=spawns, trace=step,
+            commit_id=commit_id, epoch=1,
+        )  # fmt: skip
     bench_store.settle()
-    deque(
-        starmap(
-            lambda event_id, rearm: commit(
-                exe, emits, processed_event_id=event_id, timers=rearm, spawns=spawns, trace=step
-            ),
-            work,
-        ),
-        maxlen=0,
-    )
+    deque(starmap(one, calls), maxlen=0)
     if not store.is_processed("exe-0", work[-1][0]):
         raise RuntimeError("the typical commits did not commit")
 
 
-def count(impl_name: str, commits: int) -> int:
+def count(impl_name: str, commits: int, case: str = "typical") -> int:
     """Instructions callgrind counted inside the commit loop of one process."""
     with tempfile.TemporaryDirectory() as tmp:
         argv = [
             "valgrind", "--tool=callgrind", "--collect-atstart=no",
             "--toggle-collect=starmap_next", f"--callgrind-out-file={tmp}/out",
-            sys.executable, str(Path(__file__).resolve()), "--inner", impl_name, str(commits),
+            sys.executable, str(Path(__file__).resolve()), "--inner", impl_name, str(commits), case,
         ]  # fmt: skip
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
@@ -78,18 +90,28 @@ def main() -> None:
         help="as bench_store.py's --impl (default: all)",
     )  # fmt: skip
     parser.add_argument("--commits", type=int, default=1000, help="commits counted (default: 1000)")
-    parser.add_argument("--inner", nargs=2, metavar=("IMPL", "N"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--case", default="typical", choices=CASES,
+        help="the typical commit, or the same with a fresh commit_id and epoch=1 "
+        "(compiled and pure only: the spec port has neither)",
+    )  # fmt: skip
+    parser.add_argument("--inner", nargs=3, metavar=("IMPL", "N", "CASE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.inner:
-        inner(args.inner[0], int(args.inner[1]))
+        inner(args.inner[0], int(args.inner[1]), args.inner[2])
         return
     if args.commits < 1:
         parser.error("--commits must be at least 1")
     if shutil.which("valgrind") is None:
         sys.exit("perf/instructions.py needs valgrind on the PATH (apt-get install valgrind)")
     impls = args.impl
-    per_commit = {name: count(name, args.commits) / args.commits for name in impls}
-    print(f"Instructions per typical commit ({args.commits:,} commits, callgrind):")
+    if args.case != "typical":
+        if impls == ("spec",):
+            parser.error(f"--case {args.case} is not a commit the spec port has")
+        impls = tuple(name for name in impls if name != "spec")
+    per_commit = {name: count(name, args.commits, args.case) / args.commits for name in impls}
+    what = "typical commit" if args.case == "typical" else "typical commit with commit_id and epoch"
+    print(f"Instructions per {what} ({args.commits:,} commits, callgrind):")
     for name, n in per_commit.items():
         line = f"  {name:9} {n:9,.0f}"
         if "spec" in per_commit and name != "spec":

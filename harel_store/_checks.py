@@ -42,9 +42,7 @@ def reentered(name: str) -> RuntimeError:
 
 def inconsistent(what: str) -> RuntimeError:
     """A key that compared unequal to every stored key, then equal to one."""
-    return RuntimeError(
-        f"{what} changed its hash or equality during the call: nothing was written"
-    )
+    return RuntimeError(f"{what} changed its hash or equality during the call: nothing was written")
 
 
 def hashable(value: Any, what: str, index: int = -1) -> None:

@@ -290,4 +290,3 @@ def encode_value(codec: Any, value: Any, what: str, i: int = -1) -> str | bytes:
         where = what if i < 0 else f"{what}[{i}]"
         raise TypeError(f"the codec encoded {where} as a {type(data).__name__}, not a str or bytes")
     return data
-

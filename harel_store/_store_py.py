@@ -530,7 +530,11 @@ class DictStore:
                         elif action is not _CANCEL:
                             one = None
                 if one is None:
-                    ops = tuple(timers) if type(timers) is list else _checks.snapshot(timers, "timers")
+                    ops = (
+                        tuple(timers)
+                        if type(timers) is list
+                        else _checks.snapshot(timers, "timers")
+                    )
                     for op in ops:
                         # Actions are compared by identity: string constants in a caller's
                         # code are interned; any other action takes the slow path.

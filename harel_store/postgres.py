@@ -985,7 +985,11 @@ def _array_dumpers() -> list[tuple[type, type]]:
     for cls, name in _ARRAYS.items():
         info = types[name]
         base: type = _ArrayDumper
-        attrs: dict[str, Any] = {"oid": info.array_oid, "element_oid": info.oid, "__module__": __name__}
+        attrs: dict[str, Any] = {
+            "oid": info.array_oid,
+            "element_oid": info.oid,
+            "__module__": __name__,
+        }
         if name == "text":
             base = _TextArrayDumper
         elif name in item8:

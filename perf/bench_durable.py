@@ -1235,7 +1235,9 @@ def cases(targets: tuple[str, ...], env: Env, sizes: Sizes, peers: bool) -> list
         suite.append(
             Case("machine:orjson:codec_typical", time_codec, ("orjson",), per="encode + decode")
         )
-        suite.append(Case("machine:orjson:codec_encode", time_codec, ("orjson", False), per="encode"))
+        suite.append(
+            Case("machine:orjson:codec_encode", time_codec, ("orjson", False), per="encode")
+        )
     big_t, big_o = _k(sizes.timers), _k(sizes.outbox)
     for target in targets:
         a = (target, env, sizes)

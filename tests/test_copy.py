@@ -136,7 +136,11 @@ def view(store: Any) -> dict[str, Any]:
 def assert_is_a_working_copy(dst: Any, expected: dict[str, Any], history: History) -> None:
     """``dst`` shows ``expected``, and behaves as the store it was copied from would."""
     assert view(dst) == expected
-    assert [t[:2] for t in expected["timers"]][:3] == [("c", "c/tie"), ("b", "b/tie"), ("a", "a/tie")]
+    assert [t[:2] for t in expected["timers"]][:3] == [
+        ("c", "c/tie"),
+        ("b", "b/tie"),
+        ("a", "a/tie"),
+    ]
     assert expected["trace"]["a"][-1]["index"] == 4 and len(expected["trace"]["a"]) == 3
 
     # Leases stayed behind: everything pending is claimable at once.
@@ -475,7 +479,7 @@ def test_an_error_on_the_way_writes_nothing(
 
 
 def test_commit_ids_cannot_move_between_codecs_that_digest_differently(
-    sqlite_at: Callable[..., SqliteStore]
+    sqlite_at: Callable[..., SqliteStore],
 ) -> None:
     class Sorted(JsonCodec):
         """Another canonical encoding: its digests differ from the default's."""
@@ -503,7 +507,9 @@ def test_commit_ids_cannot_move_between_codecs_that_digest_differently(
     assert again.version == 1 and same.stats()["outbox"] == 1
 
 
-def test_bad_arguments(request: pytest.FixtureRequest, sqlite_at: Callable[..., SqliteStore]) -> None:
+def test_bad_arguments(
+    request: pytest.FixtureRequest, sqlite_at: Callable[..., SqliteStore]
+) -> None:
     store = memory(request, "pure")
     with pytest.raises(ValueError, match="into itself"):
         copy_store(store, store)
@@ -606,9 +612,7 @@ def test_the_command_line_shows_progress_on_stderr(
     assert capsys.readouterr().err == ""
 
 
-def test_the_command_line_fails_clearly(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_the_command_line_fails_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = f"sqlite:///{tmp_path}/good.db"
     assert _copy.main(["nosuch://x", good]) == 1
     assert "cannot open nosuch://x: unknown store URL" in capsys.readouterr().err
@@ -628,4 +632,3 @@ def test_passwords_are_not_shown() -> None:
         "postgresql://me:***@db.example:5432/app"
     )
     assert _copy._shown("sqlite:///a.db") == "sqlite:///a.db"
-

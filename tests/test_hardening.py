@@ -444,7 +444,9 @@ UNINIT_CASES = [
 ]
 PICKLE_HOWS = ("copy", "deepcopy", *(str(p) for p in range(pickle.HIGHEST_PROTOCOL + 1)), "crafted")
 PICKLE_CASES = [f"pickle:{how}" for how in PICKLE_HOWS]
-RESIZE_CASES = [f"resize:{what}:{how}" for what in ("emits", "spawns") for how in ("grow", "shrink")]
+RESIZE_CASES = [
+    f"resize:{what}:{how}" for what in ("emits", "spawns") for how in ("grow", "shrink")
+]
 CHILD_CASES = (*TIMEROP_CASES, *TIMEROP_SUB_CASES, *UNINIT_CASES, *PICKLE_CASES, *RESIZE_CASES)
 
 
@@ -1672,9 +1674,7 @@ def attribute_run(impl: Any, change: str, name: str) -> tuple[Any, ...]:
         log,
         outcomes,
         exe.version,
-        snapshot(
-            store, ["e", "f"], ["p0", "p1", "p2", "q1", "r"], identify=lambda obj: obj is exe
-        ),
+        snapshot(store, ["e", "f"], ["p0", "p1", "p2", "q1", "r"], identify=lambda obj: obj is exe),
     )
 
 
@@ -1689,7 +1689,9 @@ ATTRIBUTE_CHANGES = [
 ]
 
 
-@pytest.mark.parametrize(("change", "name"), ATTRIBUTE_CHANGES, ids=["-".join(c) for c in ATTRIBUTE_CHANGES])
+@pytest.mark.parametrize(
+    ("change", "name"), ATTRIBUTE_CHANGES, ids=["-".join(c) for c in ATTRIBUTE_CHANGES]
+)
 def test_id_and_version_are_reached_as_attribute_access_reaches_them(
     impl: Any, change: str, name: str
 ) -> None:

@@ -646,9 +646,9 @@ def run_rounds(args: argparse.Namespace, argv: list[str]) -> int:
     own.add_argument("--spec-drain-processes")
     _, rest = own.parse_known_args(argv)
     shares = round_shares(args.processes, args.rounds)
-    n = args.spec_drain_processes
     # The spec's drains take one process a round at least.
-    spec_shares = [max(1, n // len(shares) + (i < n % len(shares))) for i in range(len(shares))]
+    spec_shares = round_shares(args.spec_drain_processes, len(shares))
+    spec_shares += [1] * (len(shares) - len(spec_shares))
     with tempfile.TemporaryDirectory() as tmp:
         target = args.output or args.append or os.path.join(tmp, "rounds.json")
         for number, (share, spec_share) in enumerate(zip(shares, spec_shares), 1):

@@ -48,7 +48,17 @@ from time import perf_counter
 from typing import Any, NamedTuple
 
 import pyperf
-from bench_store import EMITS, LATER, NOW, SPAWNS, STEP, settle, typical_work
+from bench_store import (
+    EMITS,
+    LATER,
+    NOW,
+    SPAWNS,
+    STEP,
+    round_shares,
+    run_rounds,
+    settle,
+    typical_work,
+)
 
 import harel_store
 from harel_store import Execution, TimerOp, _codec
@@ -1357,8 +1367,15 @@ def main() -> None:
                         help="only the benchmarks whose name matches this fnmatch pattern; repeatable")  # fmt: skip
     parser.add_argument("--pg-url", help="a PostgreSQL server to use (default: HAREL_STORE_PG_URL, "
                         "else a throwaway cluster started for the run)")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=3, metavar="N",
+                        help="split the worker processes of every case over N passes of the whole "
+                        "suite, appended to one JSON file, so that a store, its floor and its peers "
+                        "sample the same stretches of the run (default: 3; never more rounds than "
+                        "processes); the databases are built once, before the first")  # fmt: skip
     parser.add_argument("--data", default="", help=argparse.SUPPRESS)
     args = runner.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, not {args.rounds}")
     sizes = QUICK if args.quick else FULL
     server = None
     cleanup = None
@@ -1393,8 +1410,13 @@ def main() -> None:
     typical = typical_encoded()
     runner.metadata["harel_typical_bytes"] = typical.size
     try:
-        if not args.worker:
+        if cleanup:  # the process that made the data directory builds the databases in it
             build_all(args.store, env, sizes, lambda line: print(line, flush=True))
+        if not args.worker and len(round_shares(args.processes, args.rounds)) > 1:
+            given = ["--data", args.data, *(["--pg-url", args.pg_url] if args.pg_url else [])]
+            sys.exit(
+                run_rounds(__file__, args, sys.argv[1:], lambda _: given, ("--data", "--pg-url"))
+            )
         if env.pg_url and "postgres" in args.store:
             import psycopg
 

@@ -633,30 +633,42 @@ def round_shares(processes: int, rounds: int) -> list[int]:
     return [share + (i < extra) for i in range(rounds)]
 
 
-def run_rounds(args: argparse.Namespace, argv: list[str]) -> int:
-    """Run this script once per round, each with its share of ``args.processes``, into
-    one JSON file: ``-o`` for the first round (so an existing file is still refused),
-    ``--append`` for the others. Without either, into a temporary file that pyperf shows
-    at the end."""
-    own = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    own.add_argument("--rounds")
-    own.add_argument("-o", "--output")
-    own.add_argument("--append")
-    own.add_argument("-p", "--processes")
-    own.add_argument("--spec-drain-processes")
-    _, rest = own.parse_known_args(argv)
+def run_rounds(
+    script: str,
+    args: argparse.Namespace,
+    argv: list[str],
+    per_round: Callable[[int], list[str]] = lambda number: [],
+    replaced: tuple[str, ...] = (),
+) -> int:
+    """Run ``script`` once per round of ``round_shares(args.processes, args.rounds)``,
+    each with its share of the worker processes, into one JSON file: ``-o`` for the
+    first round (so an existing file is still refused), ``--append`` for the others;
+    without either, into a temporary file that pyperf shows at the end.
+
+    Each round is given ``argv`` less the options it gets anew: its processes, the
+    values per process pyperf resolved (``--fast`` and ``--rigorous`` would resolve them
+    again, from the default processes), the output, the options named in ``replaced``,
+    which ``per_round(i)`` gives again for round ``i`` (from 0)."""
+    strip = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for flag in ("--fast", "--rigorous"):
+        strip.add_argument(flag, action="store_true")
+    for option in ("--rounds", "--append", *replaced):
+        strip.add_argument(option)
+    strip.add_argument("-o", "--output")
+    strip.add_argument("-p", "--processes")
+    strip.add_argument("-n", "--values")
+    _, rest = strip.parse_known_args(argv)
     shares = round_shares(args.processes, args.rounds)
-    # The spec's drains take one process a round at least.
-    spec_shares = round_shares(args.spec_drain_processes, len(shares))
-    spec_shares += [1] * (len(shares) - len(spec_shares))
     with tempfile.TemporaryDirectory() as tmp:
         target = args.output or args.append or os.path.join(tmp, "rounds.json")
-        for number, (share, spec_share) in enumerate(zip(shares, spec_shares), 1):
-            first = number == 1 and args.output
-            cmd = [sys.executable, os.path.abspath(__file__), *rest, "--rounds", "1"]
-            cmd += ["--processes", str(share), "--spec-drain-processes", str(spec_share)]
-            cmd += ["-o" if first else "--append", target]
-            print(f"--- round {number} of {len(shares)}: {share} processes a benchmark", flush=True)
+        for number, share in enumerate(shares):
+            cmd = [sys.executable, os.path.abspath(script), *rest, "--rounds", "1"]
+            cmd += ["--processes", str(share), "--values", str(args.values), *per_round(number)]
+            cmd += ["-o" if number == 0 and args.output else "--append", target]
+            print(
+                f"--- round {number + 1} of {len(shares)}: {share} processes a benchmark",
+                flush=True,
+            )
             code = subprocess.call(cmd)
             if code:
                 return code
@@ -724,8 +736,16 @@ def main() -> None:
         parser.error(f"--rounds must be at least 1, not {args.rounds}")
     if args.spec_drain_processes < 1:
         parser.error(f"--spec-drain-processes must be at least 1, not {args.spec_drain_processes}")
-    if not args.worker and len(round_shares(args.processes, args.rounds)) > 1:
-        sys.exit(run_rounds(args, sys.argv[1:]))
+    rounds = len(round_shares(args.processes, args.rounds))
+    if not args.worker and rounds > 1:
+        # The spec's drains take one process a round at least.
+        spec = round_shares(args.spec_drain_processes, rounds)
+        spec += [1] * (rounds - len(spec))
+
+        def drains(number: int) -> list[str]:
+            return ["--spec-drain-processes", str(spec[number])]
+
+        sys.exit(run_rounds(__file__, args, sys.argv[1:], drains, ("--spec-drain-processes",)))
     sizes = QUICK if args.quick else FULL
     runner.metadata["harel_sizes"] = "quick" if args.quick else "full"
     runner.metadata["harel_version"] = harel_store.__version__

@@ -1,6 +1,7 @@
 """The verdicts of ``report.py`` on made-up runs (CI runs this with the perf smoke test,
 once pyperf is installed): a speed-up target passes only when its whole interval clears it.
-And the rounds of ``bench_store.py``, which gather one run's workers into one file."""
+And the rounds of ``bench_store.py`` and ``bench_durable.py``, which gather one run's
+workers into one file."""
 
 from __future__ import annotations
 
@@ -370,3 +371,36 @@ def test_the_rounds_of_one_run_land_in_one_file(tmp_path: Path) -> None:
     again = subprocess.run(cmd, check=False, capture_output=True, text=True)
     assert again.returncode != 0 and "already exists" in again.stdout + again.stderr
     assert pyperf.BenchmarkSuite.load(str(out)).get_benchmark("pure:commit_minimal").get_nrun() == 3
+
+
+def test_rounds_keep_the_processes_and_values_fast_resolves(tmp_path: Path) -> None:
+    # --fast resolves the processes from pyperf's default (20 -> 10) and 2 values each;
+    # a round told "--fast --processes 5" would resolve them again, to 10.
+    out = tmp_path / "fast.json"
+    cmd = [sys.executable, str(Path(bench_store.__file__)), "--quick", "--impl", "pure"]
+    cmd += ["--bench", "pure:commit_minimal", "--fast", "--rounds", "2"]
+    cmd += ["--warmups", "0", "--loops", "1", "--quiet", "-o", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    assert done.stdout.count("--- round ") == 2
+    bench = pyperf.BenchmarkSuite.load(str(out)).get_benchmark("pure:commit_minimal")
+    assert (bench.get_nrun(), bench.get_nvalue()) == (10, 20)
+
+
+def test_the_durable_rounds_build_the_databases_once_and_land_in_one_file(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "durable.json"
+    script = Path(bench_store.__file__).with_name("bench_durable.py")
+    cmd = [sys.executable, str(script), "--quick", "--store", "sqlite", "--no-peers"]
+    cmd += ["--bench", "sqlite-normal:*:load", "--bench", "sqlite-full:harel:save"]
+    cmd += ["--processes", "3", "--rounds", "2", "--values", "1", "--warmups", "0"]
+    cmd += ["--loops", "1", "--quiet", "-o", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    assert done.stdout.count("--- round ") == 2
+    assert done.stdout.count("built the databases") == 1  # the two settings share them
+    runs = {b.get_name(): b.get_nrun() for b in pyperf.BenchmarkSuite.load(str(out))}
+    assert runs == {
+        "sqlite-normal:harel:load": 3,
+        "sqlite-normal:floor:load": 3,
+        "sqlite-full:harel:save": 3,
+    }

@@ -1013,18 +1013,20 @@ def _adapt(conn: Any) -> None:
 
 
 def _idle_alive(conn: Any) -> None:
-    """Raise if ``conn``, idle in the pool, is closed or its server has written to it
-    (an idle connection is sent nothing but a "terminating connection" before its socket
-    closes): a check without a round trip."""
+    """Raise if ``conn``, idle in the pool, is closed or its server has written to it: a
+    check without a round trip. An idle connection that listens to nothing is sent
+    nothing but the "terminating connection" error that a restart or
+    ``pg_terminate_backend`` sends before the socket closes; libpq reads that error and
+    still calls the connection sound until it reads the end of the stream, so any byte
+    waiting on the socket condemns it (a statement sent on it would fail after the
+    fact, and a commit's outcome would then be unknown)."""
     from psycopg import OperationalError, pq
 
     pgconn = conn.pgconn
     if conn.closed or pgconn.status != pq.ConnStatus.OK:
         raise OperationalError("the connection is closed")
     if _readable(pgconn.socket):
-        pgconn.consume_input()  # raises on end of file
-        if pgconn.status != pq.ConnStatus.OK:
-            raise OperationalError("the server closed the connection")
+        raise OperationalError("the server wrote to an idle connection: it is closing it")
 
 
 def _readable(fd: int) -> bool:
@@ -1404,6 +1406,13 @@ class _AsyncPool:
                 waiter.set_result(None)
                 if not every:
                     return
+
+
+def _retrieved(task: asyncio.Task[None]) -> None:
+    """Mark a shared opening's failure as seen, should every caller awaiting it have
+    been cancelled (each that awaits it gets the error)."""
+    if not task.cancelled():
+        task.exception()
 
 
 # Operations that write what a retry could write twice; the others are retried once on a
@@ -1883,6 +1892,7 @@ class AsyncPostgresStore:
         self._core = _Core(conninfo, trace_max, codec, schema, pool_size, prepare, timeout)
         self._pool = _AsyncPool(self._core)
         self._opened = False
+        self._opening: asyncio.Task[None] | None = None
         weakref.finalize(self, self._pool.close_now)
         self._closed = False
 
@@ -2098,10 +2108,25 @@ class AsyncPostgresStore:
         raise AssertionError("unreachable")
 
     async def _ready(self) -> None:
-        """Open the store if it is not yet: connect, check or create the schema, read
-        the seq marks; the connection then serves the calls."""
+        """Open the store if it is not yet. Concurrent first calls share one opening (a
+        task of the running loop, shielded from a caller's cancellation), so they open
+        one connection, not one each."""
         if self._opened:
             return
+        loop = asyncio.get_running_loop()
+        opening = self._opening
+        if opening is None or opening.get_loop() is not loop or opening.cancelled():
+            opening = self._opening = loop.create_task(self._open())
+            opening.add_done_callback(_retrieved)
+        try:
+            await asyncio.shield(opening)
+        finally:
+            if opening.done() and self._opening is opening:
+                self._opening = None  # opened, or failed: the next call tries again
+
+    async def _open(self) -> None:
+        """Connect, check or create the schema, read the seq marks; the connection then
+        serves the calls."""
         import psycopg
 
         core = self._core

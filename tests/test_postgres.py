@@ -971,6 +971,84 @@ def test_async_calls_run_concurrently_on_the_pool(url: str, pg_schema: str) -> N
     asyncio.run(main())
 
 
+def backends(url: str, app: str) -> int:
+    return sql(  # type: ignore[no-any-return]
+        url, "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (app,)
+    )[0][0]
+
+
+def test_concurrent_first_calls_of_an_async_store_share_one_opening(
+    url: str, pg_schema: str
+) -> None:
+    """Tasks that call a fresh store at once open it once: the store never holds more
+    than ``pool_size`` connections, however many first calls race."""
+    app = f"harel-first-{uuid.uuid4().hex[:8]}"
+    named = psycopg.conninfo.make_conninfo(url, application_name=app)
+
+    async def main() -> None:
+        store = AsyncPostgresStore(named, schema=pg_schema, pool_size=2)
+        try:
+            first = asyncio.ensure_future(store.load("e0"))
+            await asyncio.sleep(0)
+            first.cancel()  # a caller cancelled while the store opens: the others go on
+            exes = [Execution(id=f"e{i}") for i in range(25)]
+            await asyncio.gather(*(store.commit(exe, [("t", exe.id)]) for exe in exes))
+            assert await asyncio.gather(*(store.load(f"e{i}") for i in range(25)))
+            assert store._pool._open <= 2
+            assert backends(url, app) <= 2
+        finally:
+            await store.close()
+        assert backends(url, app) == 0
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("call", ["commit", "append_trace", "save"])
+def test_the_first_write_after_the_server_ended_an_idle_connection_reconnects(
+    url: str, pg_schema: str, kind: str, call: str
+) -> None:
+    """A restart or ``pg_terminate_backend`` ends the pool's idle connections: the next
+    write must go out on a new connection, not fail as a write whose outcome is
+    unknown (the calls that only read are retried; writes are not)."""
+    app = f"harel-ended-{uuid.uuid4().hex[:8]}"
+    named = psycopg.conninfo.make_conninfo(url, application_name=app)
+
+    def write(store: Any, exe: Execution) -> Any:
+        if call == "commit":
+            return store.commit(exe, [("t", 1)])
+        if call == "save":
+            return store.save(exe)
+        return store.append_trace("x", {"step": 1})
+
+    def end_idle_connections() -> None:
+        sql(url, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s", (app,))  # fmt: skip
+        deadline = time.monotonic() + 10
+        while backends(url, app) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    if kind == "sync":
+        with PostgresStore(named, schema=pg_schema, pool_size=3) as store:
+            exe = Execution(id="x")
+            store.commit(exe, [])
+            end_idle_connections()
+            write(store, exe)
+            assert store.load("x").version == (2 if call != "append_trace" else 1)
+    else:
+
+        async def main() -> None:
+            async with AsyncPostgresStore(named, schema=pg_schema, pool_size=3) as store:
+                exe = Execution(id="x")
+                await store.commit(exe, [])
+                await asyncio.gather(*(store.load("x") for _ in range(3)))  # the pool grows
+                end_idle_connections()
+                for _ in range(3):  # each stale pooled connection is passed over
+                    await write(store, exe)
+                assert (await store.load("x")).version == (4 if call != "append_trace" else 1)
+
+        asyncio.run(main())
+
+
 # --- processes ------------------------------------------------------------------------------
 
 PRELUDE = """

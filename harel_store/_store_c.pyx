@@ -387,23 +387,34 @@ cdef class _Slot:
     cdef object epoch
 
 
-cdef tuple _body(tuple out, object processed_event_id, tuple ops, tuple born, object step):
-    # The staged records are the store's own tuples of 3 and 5 items, their contexts
-    # its own exact dicts: read in place, as the pure store's slices and copies read them.
+cdef tuple _replay_emits(tuple out):
+    # The staged records are the store's own tuples of 3 items: read in place.
+    cdef tuple emitted = PyTuple_New(PyTuple_GET_SIZE(out))
+    cdef object record, event
+    cdef Py_ssize_t i
+    for i in range(PyTuple_GET_SIZE(out)):
+        record = (<tuple>out)[i]
+        event = (<tuple>record)[2]
+        if type(event) is dict:
+            event = (<dict>event).copy()
+        elif type(event) is list:
+            event = (<list>event)[:]
+        record = ((<tuple>record)[1], event)
+        Py_INCREF(record)
+        PyTuple_SET_ITEM(emitted, i, record)
+    return emitted
+
+
+cdef tuple _body(tuple emitted, object processed_event_id, tuple ops, tuple born, object step):
+    # The staged spawns are the store's own tuples of 5 items, their contexts its own
+    # exact dicts: read in place, as the pure store's copies read them.
     cdef object op, record
-    cdef tuple emitted = _EMPTY, spawned = _EMPTY
+    cdef tuple spawned = _EMPTY
     cdef Py_ssize_t i
     for op in ops:
         if (<tuple>op)[0] is _CANCEL and (<tuple>op)[2] is not None:
             ops = _checks.timer_ops(ops)
             break
-    if out:
-        emitted = PyTuple_New(PyTuple_GET_SIZE(out))
-        for i in range(PyTuple_GET_SIZE(out)):
-            record = (<tuple>out)[i]
-            record = ((<tuple>record)[1], (<tuple>record)[2])
-            Py_INCREF(record)
-            PyTuple_SET_ITEM(emitted, i, record)
     if born:
         spawned = PyTuple_New(PyTuple_GET_SIZE(born))
         for i in range(PyTuple_GET_SIZE(born)):
@@ -539,6 +550,7 @@ cdef class DictStore:
         # Staged in tuples made at their final size: no list, no growth, no item array.
         cdef tuple out = None
         cdef tuple born = None
+        cdef tuple emitted = None
         cdef object record
         cdef Py_ssize_t i, count
         cdef dict step = None
@@ -656,6 +668,8 @@ cdef class DictStore:
                     born = tuple(_checks.spawn_entries(spawns, eid, self._spawn_seq))
             if trace is not None:
                 step = (<dict>trace).copy() if type(trace) is dict else _checks.trace_step(trace, "trace")
+            if commit_id is not None:
+                emitted = _replay_emits(out) if out else _EMPTY
             try:
                 slot = slots.get(eid)
             except TypeError:
@@ -727,7 +741,7 @@ cdef class DictStore:
             if not str_keys:
                 self._mixed = True
             if commit_id is not None or epoch is not None:
-                _enter(slot, commit_id, epoch, version + 1, out, processed_event_id, ops, born, plain)
+                _enter(slot, commit_id, epoch, version + 1, emitted, processed_event_id, ops, born, plain)
 
             if out:
                 self._outbox.extend(out, self._seq + 1, self._seq + len(out))
@@ -1290,13 +1304,13 @@ cdef class DictStore:
 
 
 cdef int _enter(
-    _Slot slot, object commit_id, object epoch, object version, tuple out,
+    _Slot slot, object commit_id, object epoch, object version, tuple emitted,
     object processed_event_id, tuple ops, tuple born, object step,
 ) except -1:
     if commit_id is not None:
         if slot.commits is None:
             slot.commits = {}
-        slot.commits[commit_id] = (version, _body(out, processed_event_id, ops, born, step))
+        slot.commits[commit_id] = (version, _body(emitted, processed_event_id, ops, born, step))
     if epoch is not None and (slot.epoch is None or epoch > slot.epoch):
         slot.epoch = epoch
     return 0

@@ -216,18 +216,28 @@ class _Slot:
         self.epoch: int | None = None
 
 
+def _replay_emits(out: tuple[Any, ...] | list[Any]) -> tuple[tuple[Any, Any], ...]:
+    """The emits a replay is compared with: each staged entry's target and event, an event
+    that is an exact dict or list copied (no caller code runs), so that a relay which
+    changes a delivered ``entry.event`` does not turn a retry of the commit into a
+    conflict. What an event holds is not copied: it is compared as it is then."""
+    return tuple(
+        [(e[1], e[2].copy() if type(e[2]) is dict or type(e[2]) is list else e[2]) for e in out]
+    )
+
+
 def _body(
-    out: Any, processed_event_id: Any, ops: tuple[Any, ...], born: Any, step: Any
+    emitted: tuple[Any, ...], processed_event_id: Any, ops: tuple[Any, ...], born: Any, step: Any
 ) -> tuple[Any, ...]:
     """What a replay of a commit id is compared with: the commit's checked input, by
-    value (a cancel's ``fire_at`` is None; contexts are copies, and so is ``step``, taken
-    before the store stamped its index)."""
+    value (``emitted`` from :func:`_replay_emits`; a cancel's ``fire_at`` is None;
+    contexts are copies, and so is ``step``, taken before the store stamped its index)."""
     for op in ops:
         if op[0] is _CANCEL and op[2] is not None:
             ops = _checks.timer_ops(ops)
             break
     return (
-        tuple([e[1:] for e in out]) if out else _EMPTY,
+        emitted,
         processed_event_id,
         ops,
         tuple([(s[2], s[3], s[4].copy()) for s in born]) if born else _EMPTY,
@@ -585,6 +595,8 @@ class DictStore:
             else:
                 step = trace.copy() if type(trace) is dict else _checks.trace_step(trace, "trace")
                 stamp = "index" not in step
+            if commit_id is not None:
+                emitted = _replay_emits(out) if out else _EMPTY
             slots = self._slots
             try:
                 slot = slots.get(eid)
@@ -657,7 +669,8 @@ class DictStore:
             if not str_keys:
                 self._mixed = True
             if commit_id is not None or epoch is not None:
-                _enter(slot, commit_id, epoch, version + 1, out, processed_event_id,
+                _enter(slot, commit_id, epoch, version + 1,
+                       emitted if commit_id is not None else _EMPTY, processed_event_id,
                        ops if one is None else (one,), born,
                        plain if commit_id is not None and step is not None else None)  # fmt: skip
 

@@ -260,13 +260,39 @@ def test_the_stored_body_is_a_copy(cstore: Any) -> None:
     compared with."""
     first = body()
     cstore.commit(Execution(id="e1"), **first, commit_id="k1")
-    before = view(cstore)
+    first["emits"][0][1]["n"] = 99  # a memory store's outbox shows this: the very event
     first["spawns"][0][2]["x"] = 99
     first["trace"]["step"] = 99
+    before = view(cstore)
     cstore.commit(Execution(id="e1"), **body(), commit_id="k1")
     assert view(cstore) == before
     with pytest.raises(harel_store.IdempotencyConflict):
         cstore.commit(Execution(id="e1"), **first, commit_id="k1")
+
+
+def test_a_relay_changing_what_it_was_handed_does_not_turn_a_retry_into_a_conflict(
+    cstore: Any,
+) -> None:
+    """A memory store hands relays the very event objects a commit was given: a relay that
+    marks a delivered event or spawn context must not change what a retry is compared
+    with, so the same retry is recognised on every store."""
+    listed = {**body(), "emits": [("t1", {"n": 0}), ("t2", [1, 2])]}
+    cstore.commit(Execution(id="e1"), **listed, commit_id="k1")
+    before = view(cstore)
+    for entry in cstore.claim_outbox():
+        if isinstance(entry.event, dict):
+            entry.event["delivered"] = True
+        elif isinstance(entry.event, list):
+            entry.event.append(3)
+    for intent in cstore.claim_spawns():
+        intent.context["started"] = True
+    for step in cstore.read_trace("e1"):
+        step["seen"] = True
+    retry = Execution(id="e1")
+    cstore.commit(retry, **{**body(), "emits": [("t1", {"n": 0}), ("t2", [1, 2])]}, commit_id="k1")
+    assert retry.version == 1
+    if not cstore.preserves_identity:
+        assert view(cstore) == before
 
 
 CHANGES = {

@@ -76,6 +76,15 @@ def as_now(value: Any) -> float:
     return now
 
 
+def as_clock(value: Any) -> float:
+    """What a store's ``clock`` returned: a finite number of seconds (a NaN or an
+    infinity would make every lease it times last for ever, or never)."""
+    now = value if type(value) is float else as_time(value, "clock()")
+    if now - now != 0.0:
+        raise ValueError(f"clock() must return a finite number of seconds, got {value!r}")
+    return now
+
+
 def as_trace_max(value: Any) -> int | None:
     if value is None:
         return None

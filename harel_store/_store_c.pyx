@@ -796,10 +796,12 @@ cdef class DictStore:
         return self._claim(self._spawns, "claim_spawns", limit, lease)
 
     def due_timers(self, now):
-        cdef double at = PyFloat_AS_DOUBLE(now) if type(now) is float else _checks.as_time(now, "now")
+        cdef double at = PyFloat_AS_DOUBLE(now) if type(now) is float else _checks.as_now(now)
         cdef list heap, due = []
         cdef list entry
         cdef tuple held
+        if at != at:
+            _checks.as_now(now)  # raises: a NaN now
         if self._armed:
             self._heap_armed()
         heap = self._heap
@@ -1190,8 +1192,13 @@ cdef class DictStore:
         return marks
 
     cdef double _now(self) except? -1.0:
+        cdef double at
         now = self._clock()
-        return PyFloat_AS_DOUBLE(now) if type(now) is float else _checks.as_time(now, "clock()")
+        if type(now) is float:
+            at = PyFloat_AS_DOUBLE(now)
+            if at - at == 0.0:
+                return at
+        return _checks.as_clock(now)
 
     cdef list _claim(self, _Fifo fifo, str name, object limit, object lease):
         cdef double now

@@ -36,6 +36,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from copy import deepcopy
 from heapq import heapify, heappop, heappush
+from math import isnan
 from time import monotonic
 from typing import Any
 
@@ -783,8 +784,8 @@ class DictStore:
         """``(execution_id, path, fire_at)`` of every armed timer with ``fire_at <= now``,
         oldest ``fire_at`` first (ties in arming order), leased ones included. Timers
         stay armed until :meth:`delete_timer`. Costs in proportion to the due timers."""
-        if type(now) is not float:
-            now = _checks.as_time(now, "now")
+        if type(now) is not float or isnan(now):
+            now = _checks.as_now(now)
         if self._armed:
             self._heap_armed()
         heap = self._heap
@@ -1191,8 +1192,8 @@ class DictStore:
 
     def _now(self) -> float:
         now = self._clock()
-        if type(now) is not float:
-            now = _checks.as_time(now, "clock()")
+        if type(now) is not float or now - now != 0.0:
+            now = _checks.as_clock(now)
         return now
 
     def _apply_timers(self, slot: _Slot, eid: Hashable, ops: tuple[TimerOp, ...]) -> None:

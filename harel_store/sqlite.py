@@ -858,8 +858,8 @@ class SqliteStore:
 
     def _now(self) -> float:
         now = self._clock()
-        if type(now) is not float:
-            now = _checks.as_time(now, "clock()")
+        if type(now) is not float or now - now != 0.0:
+            now = _checks.as_clock(now)
         return now
 
     def _read(self, sql: str, params: tuple[Any, ...]) -> list[Any]:

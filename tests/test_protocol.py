@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import conftest
 import pytest
 
 import harel_store
@@ -742,6 +743,43 @@ def test_a_bad_now_is_refused_with_nothing_leased(
         cstore.claim_due_timers(now)
     assert view(cstore) == before
     assert cstore.claim_due_timers(10.0) == [("e1", "p", 1.0), ("e1", "q", 2.0)]
+
+
+@pytest.mark.parametrize(
+    ("now", "error"),
+    [(math.nan, ValueError), ("5", TypeError), (None, TypeError), (True, TypeError)],
+    ids=repr,
+)
+def test_a_bad_now_is_refused_by_due_timers_as_by_the_claim(
+    cstore: Any, now: Any, error: type[Exception]
+) -> None:
+    filled(cstore)
+    with pytest.raises(error, match="now"):
+        cstore.due_timers(now)
+    assert cstore.due_timers(10.0) == [("e1", "p", 1.0), ("e1", "q", 2.0)]
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, "5", None])
+@pytest.mark.parametrize("claim", list(CLAIMS))
+@pytest.mark.parametrize(
+    # PostgreSQL times its leases on the database's clock: it takes no clock.
+    "make_store",
+    [kind for kind in conftest.STORE_KIND_PARAMS if not kind.id.startswith("postgres")],
+    indirect=True,
+)
+def test_a_clock_without_a_finite_time_is_refused_with_nothing_leased(
+    make_store: Callable[..., Any], claim: str, bad: Any
+) -> None:
+    """A lease timed from a NaN would never run out (one from an infinity, never or at
+    once): the store refuses the reading, and the items stay claimable."""
+    readings = [bad]
+    store = make_store(clock=lambda: readings.pop() if readings else 100.0)
+    filled(store)
+    before = view(store)
+    with pytest.raises(ValueError if isinstance(bad, float) else TypeError, match="clock"):
+        getattr(store, claim)(*CLAIMS[claim])
+    assert view(store) == before
+    assert len(getattr(store, claim)(*CLAIMS[claim])) in (2, 3), "the refused claim leased"
 
 
 # --- capabilities and the one line ----------------------------------------------------

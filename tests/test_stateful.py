@@ -116,6 +116,8 @@ class Model:
         self.spawns = [s for s in self.spawns if s.seq != seq]
 
     def due_timers(self, now: float) -> list[tuple[Any, Any, float]]:
+        if math.isnan(now):
+            raise ValueError("now must be a number, got nan")  # as every store refuses it
         due = sorted((at, n, key) for key, (at, n) in self.timers.items() if at <= now)
         return [(eid, path, at) for at, _, (eid, path) in due]
 
@@ -362,6 +364,12 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(now=NOWS)
     def due_timers(self, now: float) -> None:
+        if math.isnan(now):  # refused by every store, as by claim_due_timers
+            for name, store in zip(self.names, self.stores):
+                with pytest.raises(ValueError, match="now"):
+                    store.due_timers(now)
+                    raise AssertionError(f"{name}: due_timers(nan) was not refused")
+            return
         self.apply("due_timers", same(now))
         for name, store in zip(self.names, self.stores):
             assert all(type(at) is float for _, _, at in store.due_timers(now)), name

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from math import isnan
+from numbers import Real
 from sys import maxsize as MAX_SIZE
 from typing import Any, NamedTuple
 
@@ -60,12 +61,16 @@ def as_int(value: Any, what: str) -> int:
 
 
 def as_time(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """A real number of seconds (an int, a float, a ``fractions.Fraction`` or any other
+    ``numbers.Real`` but a bool), as the float the stores keep; an int beyond a float's
+    range is an infinity, which the callers that need a finite time refuse."""
+    number: Any = value
+    if isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(f"{what} must be a real number (epoch seconds), got {type(value).__name__}")
     try:
-        return float(value)
+        return float(number)
     except OverflowError:
-        return float("inf") if value > 0 else float("-inf")
+        return float("inf") if number > 0 else float("-inf")
 
 
 def as_now(value: Any) -> float:
@@ -183,10 +188,12 @@ def timer_op(op: Any, i: int) -> TimerOp:
     if type(path) is not str:
         hashable(path, "timers[%d].path", i)
     if action == "schedule":
+        given = fire_at
         if type(fire_at) is not float:
             fire_at = as_time(fire_at, f"timers[{i}].fire_at")
         if fire_at - fire_at != 0.0:
-            raise ValueError(f"timers[{i}].fire_at must be finite, got {fire_at!r}")
+            shown = "an int beyond a float's range" if isinstance(given, int) else repr(fire_at)
+            raise ValueError(f"timers[{i}].fire_at must be finite, got {shown}")
         return _new(TimerOp, (SCHEDULE, path, fire_at))
     if action == "cancel":
         return _new(TimerOp, (CANCEL, path, None))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import decimal
 import math
 import os
 import pickle
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -782,6 +784,23 @@ def test_a_clock_without_a_finite_time_is_refused_with_nothing_leased(
     assert len(getattr(store, claim)(*CLAIMS[claim])) in (2, 3), "the refused claim leased"
 
 
+def test_fire_at_is_any_real_number_kept_as_a_float(cstore: Any) -> None:
+    exe = Execution(id="e1")
+    cstore.commit(exe, [], timers=[schedule("p", Fraction(3, 2)), schedule("q", 2)])
+    assert cstore.due_timers(2) == [("e1", "p", 1.5), ("e1", "q", 2.0)]
+    assert all(type(at) is float for _, _, at in cstore.due_timers(2))
+    before = view(cstore)
+    for bad, error, says in [
+        (10**400, ValueError, "an int beyond a float's range"),
+        (decimal.Decimal(1), TypeError, "real number"),
+        (True, TypeError, "real number"),
+        (math.inf, ValueError, "finite"),
+    ]:
+        with pytest.raises(error, match=says):
+            cstore.commit(exe, [], timers=[schedule("p", bad)])
+        assert exe.version == 1 and view(cstore) == before
+
+
 # --- capabilities and the one line ----------------------------------------------------
 
 
@@ -877,6 +896,17 @@ def test_unknown_schemes_are_refused_naming_the_known_ones(opener: str, url: str
         getattr(harel_store, opener)(url)
     for scheme in ("memory:", "sqlite:", "postgresql:"):
         assert scheme in str(info.value)
+
+
+@pytest.mark.parametrize("opener", ["open_store", "open_async_store"])
+def test_a_sqlite_url_with_a_query_string_is_refused_creating_nothing(
+    opener: str, tmp_path: Path
+) -> None:
+    """SQLAlchemy reads ``?mode=ro`` as an option: as part of the file name it would
+    open another, writable database."""
+    with pytest.raises(ValueError, match="query string"):
+        getattr(harel_store, opener)(f"sqlite:///{tmp_path}/x.db?mode=ro")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("opener", ["open_store", "open_async_store"])

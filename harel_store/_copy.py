@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import reprlib
 import sys
 import time
@@ -532,7 +533,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error argparse has shown
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    from ._open import open_store
+    from ._open import open_store, sqlite_file
 
     prog = parser.prog
     src_url, dst_url = _shown(args.src), _shown(args.dst)
@@ -541,6 +542,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
         return 1
 
+    try:
+        source = sqlite_file(args.src)
+    except (ValueError, TypeError) as exc:
+        return fail(f"cannot open {src_url}: {exc}")
+    if source is not None and not os.path.exists(source):
+        # Opening it would make an empty database, and the copy would copy nothing.
+        return fail(f"cannot open {src_url}: no such database file: {source}")
     opened: list[Any] = []
     try:
         try:

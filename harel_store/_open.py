@@ -36,13 +36,35 @@ def _memory(rest: str, url: str, sync: bool, options: dict[str, Any]) -> Any:
     return AsyncDictStore(**options)
 
 
-def _sqlite(rest: str, url: str, sync: bool, options: dict[str, Any]) -> Any:
+def _sqlite_path(rest: str, url: str) -> str:
+    """The file a SQLite URL names, or ``":memory:"``."""
     if not rest.startswith("//"):
         raise ValueError(f"a SQLite URL is sqlite:// or sqlite:///path.db, got {url!r}")
     path = rest[2:]
     if path and not path.startswith("/"):
         raise ValueError(f"a SQLite URL is sqlite:// or sqlite:///path.db, got {url!r}")
-    path = path[1:] or ":memory:"
+    if "?" in path:
+        # SQLAlchemy reads a query string as options; taken as part of the file name, it
+        # would make a database of another name, without the options.
+        raise ValueError(
+            f"a SQLite URL takes no query string (give the options to open_store as "
+            f"keywords, e.g. synchronous='FULL'), got {url!r}"
+        )
+    return path[1:] or ":memory:"
+
+
+def sqlite_file(url: str) -> str | None:
+    """The database file a ``sqlite:`` URL names; ``None`` for any other URL, or for
+    SQLite's in-memory database."""
+    scheme, rest = _split(url)
+    if scheme != "sqlite":
+        return None
+    path = _sqlite_path(rest, url)
+    return None if path == ":memory:" else path
+
+
+def _sqlite(rest: str, url: str, sync: bool, options: dict[str, Any]) -> Any:
+    path = _sqlite_path(rest, url)
     from . import sqlite
 
     return (sqlite.SqliteStore if sync else sqlite.AsyncSqliteStore)(path, **options)

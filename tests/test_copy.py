@@ -614,6 +614,11 @@ def test_the_command_line_shows_progress_on_stderr(
 
 def test_the_command_line_fails_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = f"sqlite:///{tmp_path}/good.db"
+    # A mistyped source would be made as an empty database, and nothing copied from it.
+    assert _copy.main([good, "memory:"]) == 1
+    assert "no such database file" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    harel_store.open_store(good).close()
     assert _copy.main(["nosuch://x", good]) == 1
     assert "cannot open nosuch://x: unknown store URL" in capsys.readouterr().err
     foreign = tmp_path / "foreign.db"

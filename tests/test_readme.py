@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import harel_store
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 # The set-up commands of a fresh machine, which CI runs exactly as written.
@@ -104,6 +106,12 @@ def test_python_block_runs(code: str, mode: str, tmp_path: Path) -> None:
     assert proc.stderr == ""
 
 
+def sqlite_in(url: str, directory: Path) -> str:
+    """A relative ``sqlite:///`` URL of the README, made absolute in ``directory``."""
+    assert url.startswith("sqlite:///") and not url.startswith("sqlite:////"), url
+    return f"sqlite:///{directory / url[len('sqlite:///') :]}"
+
+
 @pytest.mark.parametrize("command", SETUP_COMMANDS)
 def test_setup_command_is_in_readme_exactly(command: str) -> None:
     assert command in shell_commands()
@@ -122,6 +130,10 @@ def test_every_command_is_run_by_ci_or_here(command: str, tmp_path: Path) -> Non
         f"README command {command!r} is run neither by this test nor by CI: "
         "run it here, or add it to CI and to CI_COMMANDS"
     )
+    copying = argv[3:4] == ["copy"]
+    if copying:  # the source a reader has by then: a store with something in it
+        with harel_store.open_store(sqlite_in(argv[4], tmp_path)) as source:
+            source.commit(harel_store.Execution(id="order-1"), [("shipping", {"n": 1})])
     env = subprocess_env(pure=False)
     for assignment in assignments:
         name, _, value = assignment.partition("=")
@@ -138,5 +150,9 @@ def test_every_command_is_run_by_ci_or_here(command: str, tmp_path: Path) -> Non
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
+    if copying:
+        with harel_store.open_store(sqlite_in(argv[5], tmp_path)) as copied:
+            assert copied.load("order-1") is not None
+            assert [e.event for e in copied.pending_outbox()] == [{"n": 1}]
     if f"{NO_EXTENSIONS}=1" in assignments and "--info" in argv:
         assert "implementation: pure" in proc.stdout

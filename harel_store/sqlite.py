@@ -133,6 +133,10 @@ MIGRATIONS: list[tuple[str, ...]] = [
     ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
+# What the migrations make, by name: a database at SCHEMA_VERSION must hold all of it.
+SCHEMA_OBJECTS = frozenset(
+    sql.split()[2] for step in MIGRATIONS for sql in step if sql.startswith("CREATE ")
+)
 
 SYNCHRONOUS = ("NORMAL", "FULL")
 _MEMORY = ":memory:"
@@ -1071,6 +1075,12 @@ def _schema_version(conn: sqlite3.Connection, path: str) -> int:
     if len(rows) != 1 or type(rows[0][0]) is not int or rows[0][0] < 0:
         raise StoreError(f"{path!r}: the {SCHEMA_TABLE} table is damaged ({rows[:3]!r})")
     version: int = rows[0][0]
+    missing = SCHEMA_OBJECTS - names
+    if version == SCHEMA_VERSION and missing:
+        raise StoreError(
+            f"{path!r}: the harel_store database is damaged: it lacks "
+            f"{', '.join(sorted(missing))}; nothing was changed"
+        )
     if version > SCHEMA_VERSION:
         raise StoreError(
             f"{path!r} has harel_store schema version {version}, newer than this "

@@ -632,6 +632,27 @@ def test_a_damaged_schema_table_is_refused(path: Path) -> None:
     refused_unchanged(path, "damaged")
 
 
+@pytest.mark.parametrize("lost", ["work", "trace", "timers_by_fire_at", "every table"])
+def test_a_database_that_lost_part_of_its_schema_is_refused_unchanged(
+    path: Path, lost: str
+) -> None:
+    SqliteStore(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA journal_mode = DELETE")
+    names = [lost]
+    if lost == "every table":
+        tables_ = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+        names = [n for (n,) in conn.execute(tables_)]
+        names.remove("harel_store_schema")
+    for name in names:
+        kind = "INDEX" if name.startswith("timers_by") else "TABLE"
+        conn.execute(f"DROP {kind} {name}")
+    conn.commit()
+    conn.close()
+    refused_unchanged(path, "damaged: it lacks")
+    assert tables(path)["journal_mode"] == "delete"
+
+
 def test_a_file_that_is_not_a_database_is_refused_unchanged(path: Path) -> None:
     path.write_bytes(b"order ledger, not SQLite\n" * 200)
     refused_unchanged(path, "cannot open")

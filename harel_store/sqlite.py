@@ -396,7 +396,7 @@ class SqliteStore:
             conn = self._conn
             if conn is None:
                 raise _closed()
-            conn.execute("BEGIN IMMEDIATE")
+            _begin(conn, self._path)
             try:
                 _cas(conn, eid, version, blob, epoch)
                 _checks.set_version(exe, version + 1)
@@ -465,7 +465,7 @@ class SqliteStore:
             conn = self._conn
             if conn is None:
                 raise _closed()
-            conn.execute("BEGIN IMMEDIATE")
+            _begin(conn, self._path)
             try:
                 if digest is not None:
                     done = conn.execute(_DONE, (eid, commit_id)).fetchone()
@@ -591,7 +591,7 @@ class SqliteStore:
             conn = self._conn
             if conn is None:
                 raise _closed()
-            conn.execute("BEGIN IMMEDIATE")
+            _begin(conn, self._path)
             try:
                 rows = conn.execute(_CLAIM_TIMERS, (now, clock, limit)).fetchall()
                 if rows:
@@ -652,7 +652,7 @@ class SqliteStore:
             conn = self._conn
             if conn is None:
                 raise _closed()
-            conn.execute("BEGIN IMMEDIATE")
+            _begin(conn, self._path)
             try:
                 for sql in _FORGET:
                     conn.execute(sql, (execution_id,))
@@ -702,7 +702,7 @@ class SqliteStore:
             conn = self._conn
             if conn is None:
                 raise _closed()
-            conn.execute("BEGIN IMMEDIATE")
+            _begin(conn, self._path)
             try:
                 self._push_step(conn, execution_id, data)
                 conn.execute("COMMIT")
@@ -793,7 +793,7 @@ class SqliteStore:
             conn = self._conn
             if conn is None:
                 raise _closed()
-            conn.execute("BEGIN IMMEDIATE")
+            _begin(conn, self._path)
             try:
                 held = conn.execute(_HELD).fetchone()
                 if any(held):
@@ -885,7 +885,7 @@ class SqliteStore:
             conn = self._conn
             if conn is None:
                 raise _closed()
-            conn.execute("BEGIN IMMEDIATE")
+            _begin(conn, self._path)
             try:
                 conn.execute(sql, params)
                 conn.execute("COMMIT")
@@ -906,7 +906,7 @@ class SqliteStore:
             conn = self._conn
             if conn is None:
                 raise _closed()
-            conn.execute("BEGIN IMMEDIATE")
+            _begin(conn, self._path)
             try:
                 rows = conn.execute(select, (clock, limit)).fetchall()
                 if rows:
@@ -997,6 +997,20 @@ def _cas(conn: sqlite3.Connection, eid: str, version: int, blob: Any, epoch: int
         raise StaleWriter(eid, epoch, row[1])
     else:
         raise StoreConflict(eid, version, row[0])
+
+
+def _begin(conn: sqlite3.Connection, path: str) -> None:
+    """Open a write transaction, waiting up to ``busy_timeout`` for another writer's lock;
+    a lock held longer is a ``StoreError``, not the driver's ``database is locked``."""
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        if not _is_busy(exc):
+            raise
+        raise StoreError(
+            f"the SQLite database {path!r} stayed locked by another writer for longer than "
+            f"busy_timeout: nothing was written ({exc})"
+        ) from exc
 
 
 def _rollback(conn: sqlite3.Connection, exe: Any = None, version: int | None = None) -> None:

@@ -812,6 +812,35 @@ def test_synchronous(opened: Callable[..., SqliteStore], given: str, level: int)
     assert opened().load("e1").version == 1
 
 
+def test_a_lock_held_past_busy_timeout_is_a_store_error_with_nothing_written(
+    opened: Callable[..., SqliteStore], path: Path
+) -> None:
+    store = opened(busy_timeout=0.05)
+    exe = Execution(id="e1")
+    store.commit(exe, [("t", 1)])
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another writer that keeps the lock
+    try:
+        calls = {
+            "commit": lambda: store.commit(exe, [("t", 2)]),
+            "save": lambda: store.save(exe),
+            "ack_outbox": lambda: store.ack_outbox(1),
+            "claim_outbox": lambda: store.claim_outbox(),
+            "append_trace": lambda: store.append_trace("e1", {"step": 1}),
+            "forget": lambda: store.forget("e1"),
+        }
+        for name, call in calls.items():
+            with pytest.raises(StoreError, match="stayed locked"):
+                call()
+            assert exe.version == 1, name
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert [e.event for e in store.pending_outbox()] == [1]
+    store.commit(exe, [("t", 2)])
+    assert exe.version == 2 and store.load("e1").version == 2
+
+
 def test_the_default_is_normal_and_wal(opened: Callable[..., SqliteStore]) -> None:
     store = opened()
     assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 1

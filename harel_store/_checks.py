@@ -10,6 +10,7 @@ Each function either returns the value in the form the store writes, or raises a
 from __future__ import annotations
 
 from collections.abc import Mapping
+from copy import deepcopy
 from math import isnan
 from numbers import Real
 from sys import maxsize as MAX_SIZE
@@ -283,6 +284,50 @@ def commit_body(
         for i, (child_id, _, _) in enumerate(born):
             str_id(child_id, f"spawns[{i}] child_id")
     return Body(pairs, processed_event_id, ops, born, step)
+
+
+# The highest seq or trace index a copy may bring into a memory store: far past any real
+# count, and far enough below 2**63 that the compiled store's counters never wrap.
+COUNTER_MAX = 2**62
+
+
+def restored_counter(value: Any, what: str) -> int:
+    """A seq, seq counter or trace index of a copy's record."""
+    n: int = value if type(value) is int else as_int(value, what)
+    if not 0 <= n <= COUNTER_MAX:
+        raise ValueError(f"{what} must be between 0 and 2**62, got {n}")
+    return n
+
+
+def restored_body(body: Any, commit_id: Any) -> tuple[Any, ...]:
+    """The body a copy's commit record brings: a durable store's :class:`Digest` as it
+    is, else deep-copied and checked as a commit's own input is, in the form a memory
+    store keeps: emits as ``(target_id, event)`` pairs,
+    the processed id, checked timer ops, spawns as ``(child_id, root_path,
+    context)``, the trace step or ``None``."""
+    from ._copy import Digest  # imported here: _copy imports this module
+
+    if type(body) is Digest:  # a durable store's record of a body: immutable, compared as is
+        if tuple.__len__(body) != 5:
+            raise TypeError(f"the digest of commit id {commit_id!r} is not a 5-tuple")
+        return body
+    if not isinstance(body, (tuple, list)):
+        raise TypeError(
+            f"the body of commit id {commit_id!r} must be a 5-tuple, got {type(body).__name__}"
+        )
+    parts = deepcopy(tuple(body))
+    if len(parts) != 5:
+        raise TypeError(
+            f"the body of commit id {commit_id!r} must be a 5-tuple, got {len(parts)} items"
+        )
+    checked = commit_body(*parts, str_ids=False)
+    return (
+        checked.emits,
+        checked.processed_event_id,
+        checked.timers,
+        checked.spawns,
+        checked.trace,
+    )
 
 
 # The execution as a durable store takes it: a str id, and integers a database column

@@ -30,6 +30,7 @@ cdef extern from "Python.h":
     bint PyCFunction_Check(object obj)
     int PyCFunction_GET_FLAGS(object func)
     void *PyCFunction_GET_FUNCTION(object func)
+    PyObject *PyCFunction_GET_SELF(object func)
     int METH_O
     void Py_DECREF(PyObject *obj)
     void Py_XDECREF(PyObject *obj)
@@ -218,8 +219,12 @@ cdef class _Fifo:
         # deque.append's C function is kept and called directly: a commit appends two or
         # three records, and a Python-level call (or deque.extend's iterator) costs more.
         cdef object append = entries.append
-        if not PyCFunction_Check(append) or PyCFunction_GET_FLAGS(append) != METH_O:
-            raise RuntimeError("collections.deque.append is not a one-argument C function")
+        if (
+            not PyCFunction_Check(append)
+            or PyCFunction_GET_FLAGS(append) != METH_O
+            or PyCFunction_GET_SELF(append) != <PyObject *>entries
+        ):
+            raise RuntimeError("collections.deque.append is not a one-argument C function of its deque")
         self.entries = entries
         self.append = <_MethO>PyCFunction_GET_FUNCTION(append)
         return 0
@@ -387,6 +392,24 @@ cdef class _Slot:
     cdef object epoch
 
 
+cdef tuple _own(object records, type cls, Py_ssize_t size):
+    # What a _checks helper returned, as this module will read it, unchecked: a helper
+    # replaced at run time must not make it read past the end of a record.
+    cdef tuple checked = tuple(records)
+    cdef object record
+    for record in checked:
+        if (
+            type(record) is not cls
+            or PyTuple_GET_SIZE(record) != size
+            or (size == 5 and type((<tuple>record)[4]) is not dict)
+        ):
+            raise RuntimeError(
+                f"harel_store._checks returned {record!r} where a {cls.__name__} of the "
+                "store's own making was due: was the module changed at run time?"
+            )
+    return checked
+
+
 cdef tuple _replay_emits(tuple out):
     # The staged records are the store's own tuples of 3 items: read in place.
     cdef tuple emitted = PyTuple_New(PyTuple_GET_SIZE(out))
@@ -413,7 +436,7 @@ cdef tuple _body(tuple emitted, object processed_event_id, tuple ops, tuple born
     cdef Py_ssize_t i
     for op in ops:
         if (<tuple>op)[0] is _CANCEL and (<tuple>op)[2] is not None:
-            ops = _checks.timer_ops(ops)
+            ops = _own(_checks.timer_ops(ops), _TimerOp, 3)
             break
     if born:
         spawned = PyTuple_New(PyTuple_GET_SIZE(born))
@@ -545,12 +568,11 @@ cdef class DictStore:
         object trace, object commit_id, object epoch,
     ) except -1:
         cdef tuple ops = _EMPTY
-        cdef dict plain = None
         cdef object item
         # Staged in tuples made at their final size: no list, no growth, no item array.
         cdef tuple out = None
         cdef tuple born = None
-        cdef tuple emitted = None
+        cdef tuple body = None
         cdef object record
         cdef Py_ssize_t i, count
         cdef dict step = None
@@ -603,7 +625,7 @@ cdef class DictStore:
                 if i != count:
                     out = None
             if out is None and emits is not _EMPTY:
-                out = tuple(_checks.outbox_entries(emits, self._seq))
+                out = _own(_checks.outbox_entries(emits, self._seq), _OutboxEntry, 3)
             if processed_event_id is not None and type(processed_event_id) is not str:
                 _checks.hashable(processed_event_id, "processed_event_id")
                 str_keys = False
@@ -620,7 +642,7 @@ cdef class DictStore:
                         or PyTuple_GET_SIZE(item) != 3
                         or type((<tuple>item)[1]) is not str
                     ):
-                        ops = _checks.timer_ops(ops)
+                        ops = _own(_checks.timer_ops(ops), _TimerOp, 3)
                         break
                     # Actions by identity, as in the pure store: others take the slow path.
                     action = (<tuple>item)[0]
@@ -629,10 +651,10 @@ cdef class DictStore:
                         if type(fire_at) is not float or (
                             PyFloat_AS_DOUBLE(fire_at) - PyFloat_AS_DOUBLE(fire_at) != 0.0
                         ):
-                            ops = _checks.timer_ops(ops)
+                            ops = _own(_checks.timer_ops(ops), _TimerOp, 3)
                             break
                     elif action is not _CANCEL:
-                        ops = _checks.timer_ops(ops)
+                        ops = _own(_checks.timer_ops(ops), _TimerOp, 3)
                         break
                 for item in ops:
                     if type((<tuple>item)[1]) is not str:
@@ -665,11 +687,19 @@ cdef class DictStore:
                     if i != count:
                         born = None
                 if born is None:
-                    born = tuple(_checks.spawn_entries(spawns, eid, self._spawn_seq))
+                    born = _own(_checks.spawn_entries(spawns, eid, self._spawn_seq), _SpawnEntry, 5)
             if trace is not None:
                 step = (<dict>trace).copy() if type(trace) is dict else _checks.trace_step(trace, "trace")
             if commit_id is not None:
-                emitted = _replay_emits(out) if out else _EMPTY
+                # What a replay is compared with, made whole now: the write phase only
+                # files it under the commit id (an exact str), running no Python code.
+                body = _body(
+                    _replay_emits(out) if out else _EMPTY,
+                    processed_event_id,
+                    ops,
+                    born,
+                    None if step is None else step.copy(),
+                )
             try:
                 slot = slots.get(eid)
             except TypeError:
@@ -685,8 +715,6 @@ cdef class DictStore:
             if ops and (not str_keys or self._mixed):
                 plan = _plan_timers(None if slot is None else slot.paths, ops, eid)
             if step is not None:
-                if commit_id is not None:
-                    plain = step.copy()
                 # One lookup: the step is the store's own copy, so stamping it is no write.
                 PyDict_SetDefault(
                     step, "index", 0 if slot is None or slot.ring is None else slot.ring.next_index
@@ -741,7 +769,7 @@ cdef class DictStore:
             if not str_keys:
                 self._mixed = True
             if commit_id is not None or epoch is not None:
-                _enter(slot, commit_id, epoch, version + 1, emitted, processed_event_id, ops, born, plain)
+                _enter(slot, commit_id, epoch, version + 1, body)
 
             if out:
                 self._outbox.extend(out, self._seq + 1, self._seq + len(out))
@@ -802,22 +830,40 @@ cdef class DictStore:
         cdef tuple held
         if at != at:
             _checks.as_now(now)  # raises: a NaN now
-        if self._armed:
-            self._heap_armed()
-        heap = self._heap
-        while heap and (<list>heap[0])[2] is _DEAD:
-            heappop(heap)
-            self._n_dead -= 1
-        if heap and PyFloat_AS_DOUBLE((<list>heap[0])[0]) <= at:
-            _collect_due(heap, 0, PyList_GET_SIZE(heap), at, due)
-        for held in self._leased:
-            entry = <list>held[2]
-            if PyFloat_AS_DOUBLE(entry[0]) <= at and entry[2] is not _DEAD:
-                due.append(entry)
+        if self._busy:
+            return self._due_in_place(at)
+        self._busy = True
+        try:
+            if self._armed:
+                self._heap_armed()
+            heap = self._heap
+            while heap and (<list>heap[0])[2] is _DEAD:
+                heappop(heap)
+                self._n_dead -= 1
+            if heap and PyFloat_AS_DOUBLE((<list>heap[0])[0]) <= at:
+                _collect_due(heap, 0, PyList_GET_SIZE(heap), at, due)
+            for held in self._leased:
+                entry = <list>held[2]
+                if PyFloat_AS_DOUBLE(entry[0]) <= at and entry[2] is not _DEAD:
+                    due.append(entry)
+        finally:
+            self._busy = False
         if not due:
             return []
         due.sort()
         return [(entry[2], entry[3], entry[0]) for entry in due]
+
+    cdef list _due_in_place(self, double at):
+        # due_timers from caller code run inside another call (a finalizer, a gc
+        # callback): a read that leaves the timer structures as the outer call has them.
+        cdef list due = []
+        cdef object entry
+        cdef tuple held
+        for entry in [*self._heap, *self._armed, *[held[2] for held in self._leased]]:
+            if (<list>entry)[2] is not _DEAD and PyFloat_AS_DOUBLE((<list>entry)[0]) <= at:
+                due.append(entry)
+        due.sort()
+        return [((<list>entry)[2], (<list>entry)[3], (<list>entry)[0]) for entry in due]
 
     def claim_due_timers(self, now, limit=100, *, lease=30.0):
         cdef double at, clock, until
@@ -1059,18 +1105,23 @@ cdef class DictStore:
                     _, eid, commit_id, version, body = record
                     commit_id = _checks.as_commit_id(commit_id)
                     version = _checks.as_int(version, "commit version")
-                    if not isinstance(body, tuple) or len(body) != 5:
-                        raise TypeError(f"the body of commit id {commit_id!r} must be a 5-tuple, "
-                                        f"got {type(body).__name__}")
+                    body = _checks.restored_body(body, commit_id)
+                    if (
+                        type(body) is not tuple and type(body) is not _copy.Digest
+                    ) or PyTuple_GET_SIZE(body) != 5:
+                        raise RuntimeError(
+                            f"harel_store._checks.restored_body returned {body!r}, not a body: "
+                            "was the module changed at run time?"
+                        )
                     slot = _restored_slot(slots, eid)
                     if slot.commits is None:
                         slot.commits = {}
                     if commit_id in slot.commits:
                         raise ValueError(f"two commit ids {commit_id!r} of {eid!r} to restore")
-                    slot.commits[commit_id] = (version, deepcopy(body))
+                    slot.commits[commit_id] = (version, body)
                 elif kind == "trace":
                     _, eid, next_index, steps = record
-                    next_index = _checks.as_int(next_index, "next_index")
+                    next_index = _checks.restored_counter(next_index, "next_index")
                     kept = [deepcopy(_checks.trace_step(s, "trace step")) for s in steps]
                     if not 0 <= len(kept) <= next_index:
                         raise ValueError(f"the trace of {eid!r} holds {len(kept)} steps, "
@@ -1102,7 +1153,7 @@ cdef class DictStore:
                     mixed = mixed or type(path) is not str
                 elif kind == "outbox":
                     item, target, event = record[1]
-                    n = _checks.as_int(item, "seq")
+                    n = _checks.restored_counter(item, "seq")
                     if n <= last_out:
                         raise ValueError(f"outbox seq {n} out of order")
                     last_out = n
@@ -1111,7 +1162,7 @@ cdef class DictStore:
                     outbox.entries.append(_new3(_OutboxEntry, n, target, deepcopy(event)))
                 elif kind == "spawn":
                     item, parent_id, child_id, root_path, context = record[1]
-                    n = _checks.as_int(item, "seq")
+                    n = _checks.restored_counter(item, "seq")
                     if n <= last_spawn:
                         raise ValueError(f"spawn seq {n} out of order")
                     last_spawn = n
@@ -1122,8 +1173,8 @@ cdef class DictStore:
                         _new5(_SpawnEntry, n, parent_id, child_id, deepcopy(root_path), context)
                     )
                 elif kind == "seqs":
-                    seq = _checks.as_int(record[1], "outbox seq")
-                    spawn_seq = _checks.as_int(record[2], "spawn seq")
+                    seq = _checks.restored_counter(record[1], "outbox seq")
+                    spawn_seq = _checks.restored_counter(record[2], "spawn seq")
                 elif kind != "total":
                     _copy.check_kind(kind)
 
@@ -1310,14 +1361,11 @@ cdef class DictStore:
         return 0
 
 
-cdef int _enter(
-    _Slot slot, object commit_id, object epoch, object version, tuple emitted,
-    object processed_event_id, tuple ops, tuple born, object step,
-) except -1:
+cdef int _enter(_Slot slot, object commit_id, object epoch, object version, tuple body) except -1:
     if commit_id is not None:
         if slot.commits is None:
             slot.commits = {}
-        slot.commits[commit_id] = (version, _body(emitted, processed_event_id, ops, born, step))
+        slot.commits[commit_id] = (version, body)
     if epoch is not None and (slot.epoch is None or epoch > slot.epoch):
         slot.epoch = epoch
     return 0

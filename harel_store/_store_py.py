@@ -94,13 +94,6 @@ class _Fifo:
             return list(self.entries)
         return [e for e in self.entries if e[0] in live]
 
-    def extend_live(self, records: list[Any], first: int, last: int) -> None:
-        """Count in the records of seqs ``first`` to ``last``, just appended to
-        ``entries``, when the pending seqs are kept."""
-        self.live.update(range(first, last + 1))  # type: ignore[union-attr]
-        if self.fresh is not None:
-            self.fresh.extend(records)
-
     def ack(self, seq: Any) -> None:
         entries = self.entries
         live = self.live
@@ -399,26 +392,24 @@ class DictStore:
         ``exe.id`` at a *different* version, and :class:`StaleWriter` when ``epoch`` is
         below the execution's writer epoch (a greater one claims it).
         """
-        # commit's CAS, alone: save is called on its own often enough to skip the rest.
         if self._busy:
             raise _reentered("save")
+        if epoch is not None:
+            # The epoch's checks are commit's, as in the compiled store: the same lookups.
+            self.commit(exe, _EMPTY, epoch=epoch)
+            return
+        # commit's CAS, alone: save is called on its own often enough to skip the rest.
         self._busy = True
         try:
             try:
                 eid = exe.id
             except AttributeError:
                 raise _bad_exe("id", exe) from None
-            if epoch is not None:
-                epoch = _checks.as_epoch(epoch)
             slots = self._slots
             try:
                 slot = slots.get(eid)
             except TypeError:
                 raise _bad_exe("hash", eid) from None
-            if epoch is not None and slot is not None:
-                current = slot.epoch
-                if current is not None and epoch < current:
-                    raise StaleWriter(eid, epoch, current)
             try:
                 version = exe.version
             except AttributeError:
@@ -447,8 +438,6 @@ class DictStore:
                 if prev is None:
                     self._n_exes += 1
                 slot.exe = exe
-            if epoch is not None and (slot.epoch is None or epoch > slot.epoch):
-                slot.epoch = epoch
         finally:
             self._busy = False
 
@@ -482,12 +471,14 @@ class DictStore:
                 eid = exe.id
             except AttributeError:
                 raise _bad_exe("id", exe) from None
+            calls = False  # whether the write phase calls functions (else all is inline)
             if commit_id is not None or epoch is not None:
                 fence = self._fence(exe, eid, commit_id, epoch, emits, processed_event_id,
                                     timers, spawns, trace)  # fmt: skip
                 if fence is None:
                     return  # a replay: nothing to write
                 commit_id, epoch = fence
+                calls = True
             # Check everything, building the records as we go: what is written later is
             # what was checked, whatever caller code runs in between. The loops are the
             # exact-type fast paths; anything else takes the slow path.
@@ -541,6 +532,7 @@ class DictStore:
                         elif action is not _CANCEL:
                             one = None
                 if one is None:
+                    calls = True
                     ops = (
                         tuple(timers)
                         if type(timers) is list
@@ -595,9 +587,16 @@ class DictStore:
                 step = None
             else:
                 step = trace.copy() if type(trace) is dict else _checks.trace_step(trace, "trace")
-                stamp = "index" not in step
             if commit_id is not None:
-                emitted = _replay_emits(out) if out else _EMPTY
+                # What a replay is compared with, made whole now: the write phase only
+                # files it under the commit id (an exact str).
+                body = _body(
+                    _replay_emits(out) if out else _EMPTY,
+                    processed_event_id,
+                    ops if one is None else (one,),
+                    born,
+                    None if step is None else step.copy(),
+                )
             slots = self._slots
             try:
                 slot = slots.get(eid)
@@ -622,12 +621,26 @@ class DictStore:
                     ops = (one,)
                     one = None
                 plan = _plan_timers(None if slot is None else slot.paths, ops, eid)
+                calls = True
+            if one is not None:
+                paths = None if slot is None else slot.paths
+                old = None if paths is None else paths.get(path)
+                if old is None or action is not _SCHEDULE or old[4]:
+                    ops = (one,)  # not a re-arm in place
+                    one = None
+                    calls = True
             if step is not None:
                 ring = None if slot is None else slot.ring
-                if commit_id is not None:
-                    plain = step.copy()  # what a replay's trace is compared with
-                if stamp:
-                    step["index"] = 0 if ring is None else ring.next_index
+                # One lookup, as the compiled store stamps: the step is the store's own copy.
+                step.setdefault("index", 0 if ring is None else ring.next_index)
+                if ring is not None and ring.maxlen != self._maxlen:
+                    ring = None  # a new ring, or one resized: _push_step makes it
+                if ring is None:
+                    calls = True
+            if calls:
+                # The functions the write phase calls, each a frame deeper: a
+                # RecursionError they would raise is raised now, before any write.
+                _headroom()
 
             # The write phase. The one insert under a caller's key comes first; then the
             # version setter, the last caller code, undoing that insert if it raises.
@@ -670,26 +683,20 @@ class DictStore:
             if not str_keys:
                 self._mixed = True
             if commit_id is not None or epoch is not None:
-                _enter(slot, commit_id, epoch, version + 1,
-                       emitted if commit_id is not None else _EMPTY, processed_event_id,
-                       ops if one is None else (one,), born,
-                       plain if commit_id is not None and step is not None else None)  # fmt: skip
+                _enter(slot, commit_id, epoch, version + 1, body if commit_id is not None else None)
 
             if out:
                 fifo = self._outbox  # _Fifo.extend, inlined: this is the hot path
                 fifo.entries.extend(out)
-                if fifo.live is not None:
-                    fifo.extend_live(out, self._seq + 1, seq)
+                if fifo.live is not None:  # the pending seqs are kept: count these in
+                    fifo.live.update(range(self._seq + 1, seq + 1))
+                    if fifo.fresh is not None:
+                        fifo.fresh.extend(out)
                 self._seq = seq
             if one is not None:
-                paths = slot.paths
-                old = None if paths is None else paths.get(path)
-                if old is not None and action is _SCHEDULE and not old[4]:
-                    self._timer_seq = n = self._timer_seq + 1
-                    old[0] = fire_at  # not in the heap yet: re-arm in place
-                    old[1] = n
-                else:
-                    ops = (one,)
+                self._timer_seq = n = self._timer_seq + 1
+                old[0] = fire_at  # type: ignore[index]  # not in the heap yet: re-arm in place
+                old[1] = n  # type: ignore[index]
             if plan is not None:
                 self._apply_plan(slot, plan)
             elif ops:
@@ -698,17 +705,17 @@ class DictStore:
                 fifo = self._spawns
                 fifo.entries.extend(born)
                 if fifo.live is not None:
-                    fifo.extend_live(born, self._spawn_seq + 1, spawn_seq)
+                    fifo.live.update(range(self._spawn_seq + 1, spawn_seq + 1))
+                    if fifo.fresh is not None:
+                        fifo.fresh.extend(born)
                 self._spawn_seq = spawn_seq
             if step is not None:
-                # _push_step, inlined: this is the hot path.
-                maxlen = self._maxlen
-                if ring is None or ring.maxlen != maxlen:
+                if ring is None:
                     self._push_step(slot, step)
-                else:
+                else:  # _push_step, inlined: this is the hot path
                     ring.next_index += 1
                     steps = ring.steps
-                    if len(steps) != maxlen:
+                    if len(steps) != ring.maxlen:
                         self._n_steps += 1
                     steps.append(step)
         finally:
@@ -786,29 +793,42 @@ class DictStore:
         stay armed until :meth:`delete_timer`. Costs in proportion to the due timers."""
         if type(now) is not float or isnan(now):
             now = _checks.as_now(now)
-        if self._armed:
-            self._heap_armed()
-        heap = self._heap
-        while heap and heap[0][2] is _DEAD:
-            heappop(heap)
-            self._n_dead -= 1
-        due = []
-        if heap and heap[0][0] <= now:
-            size = len(heap)
-            stack = [0]
-            while stack:
-                i = stack.pop()
-                entry = heap[i]
-                if entry[2] is not _DEAD:
-                    due.append(entry)
-                child = 2 * i + 1
-                if child < size and heap[child][0] <= now:
-                    stack.append(child)
-                child += 1
-                if child < size and heap[child][0] <= now:
-                    stack.append(child)
-        if self._leased:
-            due += [e for _, _, e in self._leased if e[0] <= now and e[2] is not _DEAD]
+        if self._busy:
+            # From caller code run inside another call (a finalizer, a gc callback): a
+            # read that leaves the timer structures as the outer call has them.
+            leased = [e for _, _, e in self._leased]
+            due = [
+                e for e in [*self._heap, *self._armed, *leased] if e[2] is not _DEAD and e[0] <= now
+            ]
+            due.sort()
+            return [(e[2], e[3], e[0]) for e in due]
+        self._busy = True
+        try:
+            if self._armed:
+                self._heap_armed()
+            heap = self._heap
+            while heap and heap[0][2] is _DEAD:
+                heappop(heap)
+                self._n_dead -= 1
+            due = []
+            if heap and heap[0][0] <= now:
+                size = len(heap)
+                stack = [0]
+                while stack:
+                    i = stack.pop()
+                    entry = heap[i]
+                    if entry[2] is not _DEAD:
+                        due.append(entry)
+                    child = 2 * i + 1
+                    if child < size and heap[child][0] <= now:
+                        stack.append(child)
+                    child += 1
+                    if child < size and heap[child][0] <= now:
+                        stack.append(child)
+            if self._leased:
+                due += [e for _, _, e in self._leased if e[0] <= now and e[2] is not _DEAD]
+        finally:
+            self._busy = False
         if not due:
             return []
         due.sort()
@@ -1058,18 +1078,16 @@ class DictStore:
                     _, eid, commit_id, version, body = record
                     commit_id = _checks.as_commit_id(commit_id)
                     version = _checks.as_int(version, "commit version")
-                    if not isinstance(body, tuple) or len(body) != 5:
-                        raise TypeError(f"the body of commit id {commit_id!r} must be a 5-tuple, "
-                                        f"got {type(body).__name__}")  # fmt: skip
+                    body = _checks.restored_body(body, commit_id)
                     slot = _restored_slot(slots, eid)
                     if slot.commits is None:
                         slot.commits = {}
                     if commit_id in slot.commits:
                         raise ValueError(f"two commit ids {commit_id!r} of {eid!r} to restore")
-                    slot.commits[commit_id] = (version, deepcopy(body))
+                    slot.commits[commit_id] = (version, body)
                 elif kind == "trace":
                     _, eid, next_index, steps = record
-                    next_index = _checks.as_int(next_index, "next_index")
+                    next_index = _checks.restored_counter(next_index, "next_index")
                     kept = [deepcopy(_checks.trace_step(s, "trace step")) for s in steps]
                     if not 0 <= len(kept) <= next_index:
                         raise ValueError(f"the trace of {eid!r} holds {len(kept)} steps, "
@@ -1099,7 +1117,7 @@ class DictStore:
                     mixed = mixed or type(path) is not str
                 elif kind == "outbox":
                     n, target, event = record[1]
-                    n = _checks.as_int(n, "seq")
+                    n = _checks.restored_counter(n, "seq")
                     if n <= last_out:
                         raise ValueError(f"outbox seq {n} out of order")
                     last_out = n
@@ -1108,7 +1126,7 @@ class DictStore:
                     outbox.entries.append(_new(OutboxEntry, (n, target, deepcopy(event))))
                 elif kind == "spawn":
                     n, parent_id, child_id, root_path, context = record[1]
-                    n = _checks.as_int(n, "seq")
+                    n = _checks.restored_counter(n, "seq")
                     if n <= last_spawn:
                         raise ValueError(f"spawn seq {n} out of order")
                     last_spawn = n
@@ -1118,8 +1136,8 @@ class DictStore:
                     born = (n, parent_id, child_id, deepcopy(root_path), context)
                     spawns.entries.append(_new(SpawnEntry, born))
                 elif kind == "seqs":
-                    seq = _checks.as_int(record[1], "outbox seq")
-                    spawn_seq = _checks.as_int(record[2], "spawn seq")
+                    seq = _checks.restored_counter(record[1], "outbox seq")
+                    spawn_seq = _checks.restored_counter(record[2], "spawn seq")
                 elif kind != "total":
                     _copy.check_kind(kind)
 
@@ -1291,12 +1309,20 @@ class DictStore:
         steps.append(step)
 
 
-def _enter(slot: _Slot, commit_id: Any, epoch: Any, version: int, *body_parts: Any) -> None:
-    """Record a landed commit's id, with its body, and its epoch."""
+def _headroom(frames: int = 6) -> None:
+    """Return only if ``frames`` more calls fit under the recursion limit: more than the
+    deepest chain of calls of a commit's write phase (a helper, the helper it calls, a
+    comprehension, the comparisons of a heap)."""
+    if frames:
+        _headroom(frames - 1)
+
+
+def _enter(slot: _Slot, commit_id: Any, epoch: Any, version: int, body: Any) -> None:
+    """Record a landed commit's id, with its body (:func:`_body`), and its epoch."""
     if commit_id is not None:
         if slot.commits is None:
             slot.commits = {}
-        slot.commits[commit_id] = (version, _body(*body_parts))
+        slot.commits[commit_id] = (version, body)
     if epoch is not None and (slot.epoch is None or epoch > slot.epoch):
         slot.epoch = epoch
 

@@ -22,6 +22,12 @@ crash, leak or half-write, and they agree.
    compiled store reaches an exact ``Execution``'s slots directly: a property, a
    ``__getattribute__`` or ``__setattr__`` put on the class (before a commit or during
    one), or a deleted slot, behaves the same in both stores.
+8. What a second hostile pass found: a copy whose commit bodies or counters are not what
+   a store makes (the compiled store crashed on a replay, or wrapped its seqs), a
+   ``RecursionError`` near the limit (half a commit written), ``due_timers`` read by a
+   finalizer inside the store's own call (timers listed and claimed twice), ``save``
+   with an epoch (the id hashed more often in one store), and ``harel_store._checks``
+   or the deque replaced at run time (a crash of the compiled store).
 """
 
 from __future__ import annotations
@@ -1711,3 +1717,266 @@ def test_id_and_version_are_reached_as_attribute_access_reaches_them(
     else:
         assert outcomes[0][0] == "ok", outcomes
     assert all(o[0] == "ok" for o in outcomes[-2:]), outcomes
+
+
+# --- 8. what a second hostile pass found -------------------------------------------------------
+
+
+def run_child(impl: Any, code: str) -> subprocess.CompletedProcess[str]:
+    """``code`` in a child ``python -X dev``, with ``M`` the implementation's module."""
+    prelude = f"import harel_store._store_{MODULE_SUFFIX[impl.name]} as M\n"
+    return subprocess.run(
+        [sys.executable, "-X", "dev", "-X", "faulthandler", "-c", prelude + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=TESTS,
+    )
+
+
+LYING_BODIES = {
+    "a tuple subclass whose len lies": "Liar((1,))",
+    "a tuple whose deepcopy is an int": "(Junk(), None, (), (), None)",
+    "a list of four": "[(), None, (), ()]",
+    "a digest of one item": "tuple.__new__(Digest, (1,))",
+    "an emit that is no pair": "(((1, 2, 3),), None, (), (), None)",
+}
+
+
+@pytest.mark.parametrize("body", list(LYING_BODIES))
+def test_a_copy_that_brings_a_malformed_commit_body_is_refused(impl: Any, body: str) -> None:
+    """``copy_store`` takes any source with a ``_dump()``: a commit body that is not one
+    (the compiled store read a kept body unchecked, and a replay crashed) is refused,
+    the destination left empty, and the commit id stays free."""
+    done = run_child(
+        impl,
+        f"""
+        from harel_store import Execution, copy_store
+        from harel_store._copy import Digest
+
+        class Liar(tuple):
+            def __len__(self):
+                return 5
+
+        class Junk:
+            def __deepcopy__(self, memo):
+                return 12345
+
+        class Source:
+            def _dump(self):
+                yield ("total", 1)
+                yield ("commit", "e", "c1", 1, {LYING_BODIES[body]})
+
+        store = M.DictStore()
+        try:
+            copy_store(Source(), store)
+        except (TypeError, ValueError) as exc:
+            print("refused", type(exc).__name__)
+        assert store.stats() == M.DictStore().stats(), store.stats()
+        exe = Execution(id="e")
+        store.commit(exe, [], "ev", commit_id="c1")
+        store.commit(Execution(id="e"), [], "ev", commit_id="c1")  # a replay, recognised
+        print("version", exe.version, store.load("e").version)
+        """,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["refused", "TypeError", "version", "1", "1"], done.stdout
+
+
+@pytest.mark.parametrize("what", ["seqs", "next_index", "outbox seq"])
+def test_a_copy_with_counters_past_2_62_is_refused_and_below_them_counts_on(
+    impl: Any, what: str
+) -> None:
+    """The compiled store counts in 64 bits: a copy brought in 2**63 - 1 and the next
+    commit wrapped to a negative seq. Counters up to 2**62 are taken, and count on."""
+    from harel_store import copy_store
+
+    def source(n: int) -> Any:
+        records: list[Any] = [("total", 1)]
+        if what == "seqs":
+            records.append(("seqs", n, n))
+        elif what == "next_index":
+            records.append(("trace", "e", n, []))
+        else:
+            records.append(("outbox", (n, None, "x")))
+        return SimpleNamespace(_dump=lambda: iter(records))
+
+    with pytest.raises(ValueError, match="2\\*\\*62"):
+        copy_store(source(2**62 + 1), impl.DictStore())
+    store = impl.DictStore()
+    copy_store(source(2**62), store)
+    exe = Execution(id="e")
+    store.commit(exe, [(None, "y")], spawns=[("k", "r", {})], trace={"s": 1})
+    if what in ("seqs", "outbox seq"):
+        assert store.pending_outbox()[-1].seq == 2**62 + 1
+    if what == "seqs":
+        assert store.pending_spawns()[-1].seq == 2**62 + 1
+    if what == "next_index":
+        assert store.read_trace("e")[-1]["index"] == 2**62
+
+
+@pytest.mark.parametrize("replay", [False, True], ids=["plain", "commit_id"])
+def test_a_recursion_error_at_any_depth_never_half_writes_a_commit(impl: Any, replay: bool) -> None:
+    """A commit made near the recursion limit may fail with ``RecursionError`` wherever a
+    call is made: before its first write, so never half of it (the pure store's write
+    phase called helpers a frame deeper; the compiled one a Python function)."""
+    kwargs: dict[str, Any] = {"commit_id": "c1", "epoch": 1} if replay else {}
+    timers = [TimerOp("schedule", "p", 5.0), TimerOp("cancel", "q", 9.0)]
+
+    def commit(store: Any, exe: Any) -> None:
+        store.commit(
+            exe, [(None, {"n": 1})], "ev", timers, [("k", "r", {"a": 1})], {"s": 1}, **kwargs
+        )
+
+    def seen(store: Any) -> Any:  # the state, but which object is stored
+        return {k: v for k, v in snapshot(store, ["e"], ["ev"]).items() if k != "load"}
+
+    reference = impl.DictStore()
+    commit(reference, Execution(id="e"))
+    whole = seen(reference)
+
+    def at_depth(n: int, call: Callable[[], None]) -> None:
+        if n:
+            at_depth(n - 1, call)
+        else:
+            call()
+
+    depth = 0
+    frame = sys._getframe()
+    while frame is not None:
+        depth, frame = depth + 1, frame.f_back  # type: ignore[assignment]
+    limit = sys.getrecursionlimit()
+    outcomes = set()
+    sys.setrecursionlimit(depth + 60)
+    try:
+        for n in range(60):
+            store = impl.DictStore()
+            empty = seen(store)
+            exe = Execution(id="e")
+            try:
+                at_depth(n, lambda: commit(store, exe))  # noqa: B023 - called at once
+            except RecursionError:
+                outcomes.add("refused")
+                assert exe.version == 0 and seen(store) == empty, n
+                assert store.load("e") is None, n
+            else:
+                outcomes.add("landed")
+                assert exe.version == 1 and seen(store) == whole, n
+                assert store.load("e") is exe, n
+    finally:
+        sys.setrecursionlimit(limit)
+    assert outcomes == {"refused", "landed"}, "the scan did not cross the limit"
+
+
+@pytest.mark.parametrize("during", ["due_timers", "commit"])
+def test_due_timers_read_by_a_finalizer_changes_no_timer(impl: Any, during: str) -> None:
+    """A finalizer (here of a garbage cycle, collected inside the store's own call) may
+    read ``due_timers``; the read must leave the timers as they are (it reorganised
+    them: every timer was listed, and claimed, twice)."""
+    store = impl.DictStore(clock=lambda: 0.0)
+    exe = Execution(id="e")
+    store.commit(exe, [], timers=[TimerOp("schedule", f"p{i}", float(i)) for i in range(5)])
+    seen: list[Any] = []
+
+    class Watcher:
+        def __init__(self) -> None:
+            self.me = self
+
+        def __del__(self) -> None:
+            seen.append(store.due_timers(math.inf))
+
+    thresholds = gc.get_threshold()
+    enabled = gc.isenabled()
+    try:
+        for k in range(5):
+            gc.collect()
+            gc.disable()
+            watcher = Watcher()
+            gc.collect(0)  # the watcher moves on to generation 1 ...
+            del watcher  # ... and is garbage there, for the next collection of it
+            gc.set_threshold(1, 1, 1000)
+            gc.enable()
+            if during == "due_timers":
+                store.due_timers(0.5)
+            else:
+                store.commit(exe, [(None, k)], timers=[TimerOp("schedule", f"q{k}", 0.5)])
+            gc.set_threshold(*thresholds)
+    finally:
+        gc.set_threshold(*thresholds)
+        if not enabled:
+            gc.disable()
+        gc.collect()
+    assert seen, "no finalizer ran inside the store's call"
+    armed = store.stats()["timers"]
+    assert len(store.due_timers(math.inf)) == armed
+    claimed = store.claim_due_timers(math.inf, 1000, lease=60.0)
+    assert len(claimed) == armed == len(set(claimed))
+    assert store.claim_due_timers(math.inf, 1000, lease=60.0) == []
+
+
+def test_save_with_an_epoch_runs_the_ids_code_alike(impl: Any, pure_impl: Any) -> None:
+    """``save(exe, epoch=...)`` hashes the id as often in both stores (it goes through
+    commit's checks in both), so a hash that fails at call N fails both alike."""
+
+    class Key:
+        calls = 0
+        fail_at = -1
+
+        def __hash__(self) -> int:
+            Key.calls += 1
+            if Key.calls == Key.fail_at:
+                raise ValueError(f"hash call {Key.calls}")
+            return 7
+
+    def run(mod: Any, fail_at: int, existing: bool) -> Any:
+        store, key = mod.DictStore(), Key()
+        exe = Execution(id=key)
+        if existing:
+            store.save(exe, epoch=1)
+        Key.calls, Key.fail_at = 0, fail_at
+        try:
+            store.save(exe, epoch=2)
+            outcome = "ok"
+        except ValueError as exc:
+            outcome = str(exc)
+        Key.fail_at = -1
+        return outcome, Key.calls, exe.version, store.load(key) is exe
+
+    for fail_at in range(1, 6):
+        for existing in (False, True):
+            assert run(impl, fail_at, existing) == run(pure_impl, fail_at, existing)
+
+
+@pytest.mark.parametrize("helper", ["timer_ops", "outbox_entries", "spawn_entries", "deque"])
+def test_a_helper_replaced_at_run_time_cannot_crash_the_compiled_store(
+    compiled_module: ModuleType, helper: str
+) -> None:
+    """The compiled store reads what ``harel_store._checks`` returns, and calls the C
+    function of its deques, unchecked for speed: a helper replaced by a program (a
+    monkeypatch) is a RuntimeError, not a crash."""
+    done = subprocess.run(
+        [sys.executable, "-X", "dev", "-X", "faulthandler", "-c", textwrap.dedent(f"""
+        import harel_store._checks as checks, harel_store._store_c as C
+        from harel_store import Execution, TimerOp
+        helper = {helper!r}
+        if helper == "deque":
+            other = []
+            class FakeDeque(list):
+                def __init__(self, *args):
+                    super().__init__(*args)
+                    self.append = other.append
+            C.deque = FakeDeque
+        else:
+            setattr(checks, helper, lambda *args: [(1,)])
+        try:
+            store = C.DictStore()
+            store.commit(Execution(id="e"), iter([(None, 1)]), None,
+                         iter([TimerOp("schedule", "p", 1)]), iter([("k", "r", {{}})]))
+        except RuntimeError as exc:
+            print("refused:", exc)
+        """)],
+        capture_output=True, text=True, timeout=120, check=False, cwd=TESTS,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("refused:"), done.stdout

@@ -95,8 +95,12 @@ COMPILED_ONLY = {
     "__cython_version__", "_Execution", "_MemberType", "_ID_DESCR", "_VERSION_DESCR",
     "_exe_tag", "_slot_offset", "_ID_AT", "_VERSION_AT", "_slots_checked", "_own_slots",
     "_slot_at", "_exe_attr",
+    "_own",  # checks what _checks returns, which the compiled module reads unchecked
 }  # fmt: skip
-PURE_ONLY = {"_new"}  # tuple.__new__, which the compiled module replaces with _new3/_new5
+PURE_ONLY = {
+    "_new",  # tuple.__new__, which the compiled module replaces with _new3/_new5
+    "_headroom",  # the recursion probe of a write phase that calls functions
+}
 PYX = Path(__file__).resolve().parents[1] / "harel_store" / "_store_c.pyx"
 PYX_NAME = re.compile(
     r"^(?:cdef\s+(?:inline\s+)?(?:class\s+)?(?:[\w\[\]]+\s+)?|def\s+|class\s+)?(\w+)\s*[(:=]",

@@ -3,7 +3,7 @@
 one connection), each beside the floor it cannot beat and the peers users would pick
 instead, all measured in the same run.
 
-    python perf/bench_durable.py --fast -o perf/results_durable.json   # ~15 minutes
+    python perf/bench_durable.py --fast -o perf/results_durable.json   # ~12 minutes
     python perf/report.py perf/results.json perf/results_durable.json > perf/RESULTS.md
 
 Benchmarks are named ``<target>:<impl>:<case>``:

@@ -355,7 +355,10 @@ def durable_exe_version(exe: Any) -> int:
     if type(version) is not int:
         version = as_int(version, "execution version")
     if not INT64_MIN <= version < INT64_MAX:
-        raise ValueError(f"execution version must fit in a signed 64-bit integer, got {version}")
+        raise ValueError(
+            f"execution version must fit in a signed 64-bit integer with the next one "
+            f"(below 2**63 - 1), got {version}"
+        )
     return version
 
 

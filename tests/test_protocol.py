@@ -711,6 +711,9 @@ BAD_CLAIM_ARGS = {
 }
 
 
+BAD_NOWS = [(math.nan, ValueError), ("5", TypeError), (None, TypeError), (True, TypeError)]
+
+
 def filled(store: Any) -> None:
     fill(store, "outbox", 3)
     fill(store, "spawns", 3)
@@ -731,11 +734,7 @@ def test_bad_claim_arguments_are_refused_with_nothing_leased(
     assert len(getattr(cstore, claim)(*CLAIMS[claim])) in (2, 3), "the refused claim leased"
 
 
-@pytest.mark.parametrize(
-    ("now", "error"),
-    [(math.nan, ValueError), ("5", TypeError), (None, TypeError), (True, TypeError)],
-    ids=repr,
-)
+@pytest.mark.parametrize(("now", "error"), BAD_NOWS, ids=repr)
 def test_a_bad_now_is_refused_with_nothing_leased(
     cstore: Any, now: Any, error: type[Exception]
 ) -> None:
@@ -747,11 +746,7 @@ def test_a_bad_now_is_refused_with_nothing_leased(
     assert cstore.claim_due_timers(10.0) == [("e1", "p", 1.0), ("e1", "q", 2.0)]
 
 
-@pytest.mark.parametrize(
-    ("now", "error"),
-    [(math.nan, ValueError), ("5", TypeError), (None, TypeError), (True, TypeError)],
-    ids=repr,
-)
+@pytest.mark.parametrize(("now", "error"), BAD_NOWS, ids=repr)
 def test_a_bad_now_is_refused_by_due_timers_as_by_the_claim(
     cstore: Any, now: Any, error: type[Exception]
 ) -> None:

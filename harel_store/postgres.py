@@ -1012,21 +1012,16 @@ def _adapt(conn: Any) -> None:
         conn.adapters.register_dumper(kind, dumper)
 
 
-def _idle_alive(conn: Any) -> None:
-    """Raise if ``conn``, idle in the pool, is closed or its server has written to it: a
-    check without a round trip. An idle connection that listens to nothing is sent
+def _idle_sound(conn: Any) -> bool:
+    """Whether ``conn``, idle in the pool, is open and its server has written nothing to
+    it: a check without a round trip. An idle connection that listens to nothing is sent
     nothing but the "terminating connection" error that a restart or
     ``pg_terminate_backend`` sends before the socket closes; libpq reads that error and
     still calls the connection sound until it reads the end of the stream, so any byte
     waiting on the socket condemns it (a statement sent on it would fail after the
     fact, and a commit's outcome would then be unknown)."""
-    from psycopg import OperationalError, pq
-
     pgconn = conn.pgconn
-    if conn.closed or pgconn.status != pq.ConnStatus.OK:
-        raise OperationalError("the connection is closed")
-    if _readable(pgconn.socket):
-        raise OperationalError("the server wrote to an idle connection: it is closing it")
+    return not (conn.closed or pgconn.status != _CONN_OK or _readable(pgconn.socket))
 
 
 def _readable(fd: int) -> bool:
@@ -1039,6 +1034,10 @@ def _readable(fd: int) -> bool:
 
 
 _TUPLES_OK = 2  # psycopg.pq.ExecStatus.TUPLES_OK
+# libpq's CONNECTION_OK and PQTRANS_IDLE (pq.ConnStatus.OK, pq.TransactionStatus.IDLE),
+# compared with the ints pgconn returns: conn.info's enums cost a microsecond a read.
+_CONN_OK = 0
+_TX_IDLE = 0
 
 
 def _has_rows(cur: Any) -> bool:
@@ -1107,9 +1106,7 @@ async def _arun_on(conn: Any, op: _Op, query: _Query) -> Any:
 def _in_transaction(conn: Any) -> bool:
     """Whether ``conn`` is left in a transaction (only opening runs one of several
     statements)."""
-    from psycopg import pq
-
-    return not conn.closed and conn.info.transaction_status != pq.TransactionStatus.IDLE
+    return not conn.closed and conn.pgconn.transaction_status != _TX_IDLE
 
 
 def _after_error(conn: Any, exc: BaseException) -> None:
@@ -1145,19 +1142,20 @@ def _cannot_open(core: _Core, exc: BaseException) -> StoreError:
 
 class _Pool:
     """The sync store's connections: at most ``pool_size``, kept open between calls and
-    checked without a round trip as they are taken (:func:`_idle_alive`); a new one is
+    checked without a round trip as they are taken (:func:`_idle_sound`); a new one is
     made in the calling thread when none is idle, trying again until ``timeout`` while
     the server cannot be reached, so the first call after a restart reconnects. (psycopg-
     pool reconnects in the background, with a back-off that can keep calls waiting for
     seconds after the server is back.)"""
 
-    __slots__ = ("_core", "_freed", "_idle", "_open", "closed", "listener")
+    __slots__ = ("_core", "_freed", "_idle", "_open", "_waiting", "closed", "listener")
 
     def __init__(self, core: _Core) -> None:
         self._core = core
         self._idle: list[Any] = []
         self._open = 0  # connections made and not closed: idle or in use
         self._freed = threading.Condition(threading.Lock())
+        self._waiting = 0  # threads in _freed.wait: put notifies only when there are some
         self.closed = False
         self.listener: Any = None  # wait_for_work's connection, outside the count
 
@@ -1170,16 +1168,16 @@ class _Pool:
     def get(self) -> Any:
         """An idle connection, or a new one; raises ``StoreError`` when none comes
         within the store's ``timeout``."""
-        from psycopg import OperationalError
-
         core = self._core
-        deadline = time.monotonic() + core.timeout
+        deadline = None  # read from the clock only when there is a wait
         while True:
             with self._freed:
                 if self.closed:
                     raise _closed()
                 conn = self._idle.pop() if self._idle else None
                 if conn is None:
+                    if deadline is None:
+                        deadline = time.monotonic() + core.timeout
                     if self._open < core.pool_size:
                         self._open += 1
                         break
@@ -1189,14 +1187,15 @@ class _Pool:
                             f"no connection to PostgreSQL ({core.describe()}) within "
                             f"{core.timeout:g} s: all {core.pool_size} of pool_size are in use"
                         )
-                    self._freed.wait(left)
+                    self._waiting += 1
+                    try:
+                        self._freed.wait(left)
+                    finally:
+                        self._waiting -= 1
                     continue
-            try:
-                _idle_alive(conn)
-            except OperationalError:
-                self._discard(conn)
-                continue
-            return conn
+            if _idle_sound(conn):
+                return conn
+            self._discard(conn)
         try:
             return self._connect(deadline)
         except BaseException:
@@ -1205,13 +1204,12 @@ class _Pool:
 
     def put(self, conn: Any) -> None:
         """Take back a connection from :meth:`get`: kept when it is idle and sound."""
-        from psycopg import pq
-
-        broken = conn.closed or conn.pgconn.status != pq.ConnStatus.OK
+        broken = conn.closed or conn.pgconn.status != _CONN_OK
         with self._freed:
             if not (self.closed or broken or _in_transaction(conn)):
                 self._idle.append(conn)
-                self._freed.notify()
+                if self._waiting:
+                    self._freed.notify()
                 return
         self._discard(conn)
 
@@ -1289,8 +1287,6 @@ class _AsyncPool:
     async def get(self) -> Any:
         """An idle connection, or a new one; raises ``StoreError`` when none comes
         within the store's ``timeout``."""
-        from psycopg import OperationalError
-
         core = self._core
         deadline = time.monotonic() + core.timeout
         while True:
@@ -1298,12 +1294,9 @@ class _AsyncPool:
                 raise _closed()
             while self._idle:
                 conn = self._idle.pop()
-                try:
-                    _idle_alive(conn)
-                except OperationalError:
-                    await self._close(conn)
-                    continue
-                return conn
+                if _idle_sound(conn):
+                    return conn
+                await self._close(conn)
             if self._open < core.pool_size:
                 self._open += 1
                 try:
@@ -1327,9 +1320,7 @@ class _AsyncPool:
 
     async def put(self, conn: Any) -> None:
         """Take back a connection from :meth:`get`: kept when it is idle and sound."""
-        from psycopg import pq
-
-        broken = conn.closed or conn.pgconn.status != pq.ConnStatus.OK
+        broken = conn.closed or conn.pgconn.status != _CONN_OK
         if self.closed or broken or _in_transaction(conn):  # (cancelled mid-statement)
             await self._close(conn)
         else:
@@ -1809,7 +1800,7 @@ class PostgresStore:
 
     def _run(self, name: str, *args: Any) -> Any:
         """Run the core's operation ``name`` on a connection of the pool."""
-        from psycopg import OperationalError
+        import psycopg  # not "from psycopg import": that costs a Python call each time
 
         self._open_pool()
         method = getattr(self._core, name)
@@ -1824,7 +1815,7 @@ class PostgresStore:
             conn = pool.get()
             try:
                 return _run_on(conn, op, query)
-            except OperationalError as exc:
+            except psycopg.OperationalError as exc:
                 op.close()
                 if attempt + 1 == tries:
                     raise _lost(self._core, name, exc, name in _NO_RETRY) from exc
@@ -2082,7 +2073,7 @@ class AsyncPostgresStore:
     # --- helpers -----------------------------------------------------------------------
 
     async def _run(self, name: str, *args: Any) -> Any:
-        from psycopg import OperationalError
+        import psycopg
 
         if self._closed:
             raise _closed()
@@ -2099,7 +2090,7 @@ class AsyncPostgresStore:
             conn = await self._pool.get()
             try:
                 return await _arun_on(conn, op, query)
-            except OperationalError as exc:
+            except psycopg.OperationalError as exc:
                 op.close()
                 if attempt + 1 == tries:
                     raise _lost(self._core, name, exc, name in _NO_RETRY) from exc

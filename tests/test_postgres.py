@@ -1049,6 +1049,42 @@ def test_the_first_write_after_the_server_ended_an_idle_connection_reconnects(
         asyncio.run(main())
 
 
+def test_threads_beyond_pool_size_wait_their_turn(url: str, pg_schema: str) -> None:
+    """More threads than ``pool_size`` share one sync store: each waiting thread is woken
+    when a connection comes back, and the pool never holds more than ``pool_size``."""
+    app = f"harel-pool-{uuid.uuid4().hex[:8]}"
+    named = f"{url}{'&' if '?' in url else '?'}application_name={app}"
+    with PostgresStore(named, schema=pg_schema, pool_size=2, timeout=30.0) as store:
+        errors: list[BaseException] = []
+
+        def work(k: int) -> None:
+            try:
+                exe = Execution(id=f"t{k}")
+                for i in range(40):
+                    store.commit(exe, [(None, {"i": i})], processed_event_id=f"e{i}")
+            except (StoreError, psycopg.Error) as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert not errors
+        assert not any(thread.is_alive() for thread in threads)
+        assert [store.load(f"t{k}").version for k in range(6)] == [40] * 6
+        assert len(store.pending_outbox()) == 240
+        assert backends(url, app) <= 2
+
+
+def test_libpq_status_codes_are_psycopgs() -> None:
+    """The pool compares libpq's status codes as ints (psycopg's enums are slow to read)."""
+    from psycopg import pq
+
+    assert postgres._CONN_OK == pq.ConnStatus.OK
+    assert postgres._TX_IDLE == pq.TransactionStatus.IDLE
+
+
 # --- processes ------------------------------------------------------------------------------
 
 PRELUDE = """

@@ -83,6 +83,7 @@ import asyncio
 import collections
 import contextlib
 import hashlib
+import math
 import re
 import select
 import threading
@@ -164,6 +165,7 @@ SCHEMA_VERSION = len(MIGRATIONS)
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}\Z")
 _LEASE_MAX = 1e10  # seconds (three centuries): a longer lease would overflow a timestamp
 _TEXT = b"t"[0]
+_TIMEOUT_MAX = threading.TIMEOUT_MAX  # the longest wait a lock takes
 _RECONNECT_FIRST, _RECONNECT_MAX = 0.05, 1.0  # pauses between tries to connect, in seconds
 
 
@@ -499,6 +501,7 @@ class _Core:
         "canonical",
         "channel",
         "codec",
+        "connect_timeout",
         "conninfo",
         "marks",
         "pool_size",
@@ -553,9 +556,13 @@ class _Core:
             raise TypeError(f"prepare must be a bool, got {type(prepare).__name__}")
         self.prepare = prepare
         seconds = _checks.as_time(timeout, "timeout")
-        if not 0.0 < seconds < float("inf"):
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if not 0.0 < seconds <= _TIMEOUT_MAX:
+            raise ValueError(
+                f"timeout must be a positive number of seconds up to {_TIMEOUT_MAX:g}, "
+                f"got {timeout!r}"
+            )
         self.timeout = seconds
+        self.connect_timeout: bool | None = None  # whether conninfo sets one; read later
         channel = f"harel_store.{schema}"
         if len(channel.encode()) > 63:
             channel = "harel_store." + hashlib.sha256(schema.encode()).hexdigest()[:32]
@@ -894,12 +901,32 @@ def _unpack(data: bytes) -> str | bytes:
 # --- running the core: connections ----------------------------------------------------------
 
 
-def _connect_kwargs(core: _Core) -> dict[str, Any]:
+def _connect_kwargs(core: _Core, deadline: float | None = None) -> dict[str, Any]:
     """How every connection of a store is made: autocommit (each statement is its own
-    transaction), and no prepared statements at all with ``prepare=False``."""
-    kwargs: dict[str, Any] = {"autocommit": True}
+    transaction), and no prepared statements at all with ``prepare=False``; see
+    :func:`_connect_timeout`."""
+    kwargs = _connect_timeout(core, deadline)
     if not core.prepare:
         kwargs["prepare_threshold"] = None
+    return kwargs
+
+
+def _connect_timeout(core: _Core, deadline: float | None = None) -> dict[str, Any]:
+    """Autocommit, and a connection attempt that gives up by ``deadline`` (by the store's
+    ``timeout`` without one): a server that takes a connection and never answers would
+    otherwise hold it for psycopg's default of 130 s. libpq counts whole seconds, at
+    least 2. A ``connect_timeout`` in the conninfo is the user's, and kept."""
+    kwargs: dict[str, Any] = {"autocommit": True}
+    if core.connect_timeout is None:
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:
+            core.connect_timeout = "connect_timeout" in conninfo_to_dict(core.conninfo)
+        except Exception:  # noqa: BLE001 - connecting reports a bad conninfo
+            core.connect_timeout = False
+    if not core.connect_timeout:
+        left = core.timeout if deadline is None else deadline - time.monotonic()
+        kwargs["connect_timeout"] = max(2, math.ceil(left))
     return kwargs
 
 
@@ -1238,7 +1265,7 @@ class _Pool:
         pause = _RECONNECT_FIRST
         while True:
             try:
-                conn = psycopg.Connection.connect(core.conninfo, **_connect_kwargs(core))
+                conn = psycopg.Connection.connect(core.conninfo, **_connect_kwargs(core, deadline))
             except psycopg.OperationalError as exc:
                 if deadline - time.monotonic() <= pause:
                     raise StoreError(
@@ -1274,7 +1301,7 @@ class _AsyncPool:
         self._core = core
         self._idle: list[Any] = []
         self._open = 0  # connections made and not closed: idle or in use
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._waiters: collections.deque[asyncio.Future[Any]] = collections.deque()
         self.closed = False
         self.listener: Any = None  # wait_for_work's connection, outside the count
         self.recorder: Any = None  # _record_trace's sync connection
@@ -1286,7 +1313,8 @@ class _AsyncPool:
 
     async def get(self) -> Any:
         """An idle connection, or a new one; raises ``StoreError`` when none comes
-        within the store's ``timeout``."""
+        within the store's ``timeout``. Calls that wait are served in turn: a connection
+        put back goes to the one that has waited longest."""
         core = self._core
         deadline = time.monotonic() + core.timeout
         while True:
@@ -1308,24 +1336,33 @@ class _AsyncPool:
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
             try:
-                await asyncio.wait_for(waiter, max(deadline - time.monotonic(), 0.0))
-            except asyncio.TimeoutError:
+                # asyncio.wait, not wait_for: Python 3.11's wait_for can return the
+                # connection and swallow a cancellation that comes with it.
+                await asyncio.wait((waiter,), timeout=max(deadline - time.monotonic(), 0.0))
+            except BaseException:
+                self._forsake(waiter)
+                raise
+            if not waiter.done():
+                self._forsake(waiter)
                 raise StoreError(
                     f"no connection to PostgreSQL ({core.describe()}) within {core.timeout:g} s: "
                     f"all {core.pool_size} of pool_size are in use"
-                ) from None
-            finally:
-                with contextlib.suppress(ValueError):
-                    self._waiters.remove(waiter)
+                )
+            given = waiter.result()
+            if given is not None:  # else: room for a new connection, or the pool closed
+                if _idle_sound(given):
+                    return given
+                await self._close(given)
 
     async def put(self, conn: Any) -> None:
-        """Take back a connection from :meth:`get`: kept when it is idle and sound."""
+        """Take back a connection from :meth:`get`: handed to the call that has waited
+        longest, else kept idle, when it is idle and sound."""
         broken = conn.closed or conn.pgconn.status != _CONN_OK
         if self.closed or broken or _in_transaction(conn):  # (cancelled mid-statement)
             await self._close(conn)
+            self._wake()
         else:
-            self._idle.append(conn)
-        self._wake()
+            self._give(conn)
 
     async def close(self) -> None:
         """Close every connection (one in use, when it comes back); idempotent."""
@@ -1372,7 +1409,9 @@ class _AsyncPool:
         pause = _RECONNECT_FIRST
         while True:
             try:
-                conn = await psycopg.AsyncConnection.connect(core.conninfo, **_connect_kwargs(core))
+                conn = await psycopg.AsyncConnection.connect(
+                    core.conninfo, **_connect_kwargs(core, deadline)
+                )
             except psycopg.OperationalError as exc:
                 left = deadline - time.monotonic()
                 if left <= pause:
@@ -1391,15 +1430,38 @@ class _AsyncPool:
         with contextlib.suppress(Exception):
             await conn.close()
 
+    def _forsake(self, waiter: asyncio.Future[Any]) -> None:
+        """A wait given up (timed out or cancelled): what was handed to it meanwhile,
+        a connection or a look again, goes to the next."""
+        with contextlib.suppress(ValueError):
+            self._waiters.remove(waiter)
+        if not waiter.done():
+            waiter.cancel()
+        elif waiter.result() is not None:
+            self._give(waiter.result())
+        else:
+            self._wake()
+
+    def _give(self, conn: Any) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done() and not waiter.get_loop().is_closed():
+                waiter.set_result(conn)
+                return
+        self._idle.append(conn)
+
     def _wake(self, every: bool = False) -> None:
-        for waiter in list(self._waiters):
+        """Wake the longest waiting call (``every``: all) to look again: a connection
+        closed leaves room for a new one, or the pool closed."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
             if not waiter.done() and not waiter.get_loop().is_closed():
                 waiter.set_result(None)
                 if not every:
                     return
 
 
-def _retrieved(task: asyncio.Task[None]) -> None:
+def _retrieved(task: asyncio.Future[None]) -> None:
     """Mark a shared opening's failure as seen, should every caller awaiting it have
     been cancelled (each that awaits it gets the error)."""
     if not task.cancelled():
@@ -1627,7 +1689,7 @@ class PostgresStore:
         pause = _RECONNECT_FIRST
         while True:
             try:
-                if pool.listener is None and self._listen(pool):
+                if pool.listener is None and self._listen(pool, deadline):
                     return True
                 # A round trip: the notifications of every commit that returned before
                 # this call arrive before its reply (see _listen).
@@ -1829,7 +1891,7 @@ class PostgresStore:
             raise _closed()
         return pool
 
-    def _listen(self, pool: _Pool) -> bool:
+    def _listen(self, pool: _Pool, deadline: float) -> bool:
         """Open the listening connection; whether any seq moved since the marks.
 
         A listening session is sent the notifications of the transactions that
@@ -1839,7 +1901,7 @@ class PostgresStore:
         import psycopg
 
         core = self._core
-        conn = psycopg.Connection.connect(core.conninfo, autocommit=True)
+        conn = psycopg.Connection.connect(core.conninfo, **_connect_timeout(core, deadline))
         try:
             conn.execute(f'LISTEN "{core.channel}"')
             marks = conn.execute(core.sql.marks).fetchone()
@@ -1884,6 +1946,8 @@ class AsyncPostgresStore:
         self._pool = _AsyncPool(self._core)
         self._opened = False
         self._opening: asyncio.Task[None] | None = None
+        self._looks: set[asyncio.Future[None]] = set()  # wait_for_work's, running
+        self._owed = False  # a wake-up taken and not yet returned
         weakref.finalize(self, self._pool.close_now)
         self._closed = False
 
@@ -1990,7 +2054,10 @@ class AsyncPostgresStore:
         return await self._run("stats")  # type: ignore[no-any-return]
 
     async def wait_for_work(self, timeout: float) -> bool:
-        """See :meth:`PostgresStore.wait_for_work`; it waits on the event loop."""
+        """See :meth:`PostgresStore.wait_for_work`; it waits on the event loop, for at most
+        ``timeout`` seconds even while another call of this store waits on the same
+        listening connection. A wake-up that a call cancelled before it returned had
+        taken is the next call's."""
         if self._closed:
             raise _closed()
         import psycopg
@@ -2001,31 +2068,72 @@ class AsyncPostgresStore:
         deadline = time.monotonic() + timeout
         pause = _RECONNECT_FIRST
         while True:
+            if self._owed:
+                self._owed = False
+                return True
+            if self._closed:
+                raise _closed()
+            left = deadline - time.monotonic()
+            # A look ends by the deadline by itself, unless it waits for another call's
+            # look on the one listening connection: then this call stops waiting at its
+            # deadline. A task of its own, waited for with asyncio.wait: it runs on when
+            # this call is cancelled or gives up, and a wake-up it takes is kept in _owed.
+            shared = bool(self._looks) and left != float("inf")
+            look = asyncio.ensure_future(self._look(deadline))
+            self._looks.add(look)
+            look.add_done_callback(self._looks.discard)
+            look.add_done_callback(_retrieved)  # one given up may still fail
             try:
-                if self._pool.listener is None and await self._listen():
-                    return True
-                # A round trip first (see PostgresStore.wait_for_work).
-                await self._pool.listener.execute("", prepare=False)
-                left = deadline - time.monotonic()
-                waiting = self._pool.listener.notifies(
-                    timeout=None if left == float("inf") else max(left, 0.0), stop_after=1
-                )
-                async with contextlib.aclosing(waiting):
-                    woken = await anext(waiting, None) is not None
-                if woken:
-                    async for _ in self._pool.listener.notifies(timeout=0.0):
-                        pass
-                return woken
-            except psycopg.OperationalError as exc:
-                await self._pool.drop_listener()
-                left = deadline - time.monotonic()
-                if left <= 0.0:
-                    raise StoreError(
-                        f"wait_for_work: no connection to PostgreSQL ({self._core.describe()}) "
-                        f"for LISTEN: {exc}"
-                    ) from exc
-                await asyncio.sleep(min(pause, left))
-                pause = min(pause * 2.0, _RECONNECT_MAX)
+                await asyncio.wait((look,), timeout=max(left, 0.0) if shared else None)
+            except BaseException:
+                look.cancel()
+                raise
+            if not look.done():
+                look.cancel()
+                if self._owed:
+                    continue
+                return False
+            if look.cancelled():  # by close()
+                raise _closed()
+            exc = look.exception()
+            if exc is None:
+                if self._owed:
+                    continue
+                return False
+            if not isinstance(exc, psycopg.OperationalError):
+                raise exc
+            await self._pool.drop_listener()
+            if self._closed:
+                raise _closed()
+            left = deadline - time.monotonic()
+            if left <= 0.0:
+                raise StoreError(
+                    f"wait_for_work: no connection to PostgreSQL ({self._core.describe()}) "
+                    f"for LISTEN: {exc}"
+                ) from exc
+            await asyncio.sleep(min(pause, left))
+            pause = min(pause * 2.0, _RECONNECT_MAX)
+
+    async def _look(self, deadline: float) -> None:
+        """One look for work, until ``deadline``: a wake-up found is put in ``_owed``
+        before anything else is awaited."""
+        pool = self._pool
+        if pool.listener is None and await self._listen(deadline):
+            self._owed = True
+            return
+        # A round trip first (see PostgresStore.wait_for_work).
+        await pool.listener.execute("", prepare=False)
+        left = deadline - time.monotonic()
+        waiting = pool.listener.notifies(
+            timeout=None if left == float("inf") else max(left, 0.0), stop_after=1
+        )
+        async with contextlib.aclosing(waiting):
+            if await anext(waiting, None) is None:
+                return
+            self._owed = True
+        # Later notifications of work committed by now are this wake-up's.
+        async for _ in pool.listener.notifies(timeout=0.0):
+            pass
 
     async def close(self) -> None:
         """Close the connections; a second close does nothing. Every other method of a
@@ -2033,6 +2141,8 @@ class AsyncPostgresStore:
         if self._closed:
             return
         self._closed = True
+        for look in list(self._looks):  # waiting on the listening connection
+            look.cancel()
         await self._pool.close()
 
     def _record_trace(self, execution_id: str, entry: Mapping[str, Any]) -> None:
@@ -2140,15 +2250,19 @@ class AsyncPostgresStore:
         self._pool.adopt(conn)
         self._opened = True
 
-    async def _listen(self) -> bool:
+    async def _listen(self, deadline: float) -> bool:
         import psycopg
 
         core = self._core
-        conn = await psycopg.AsyncConnection.connect(core.conninfo, autocommit=True)
+        conn = await psycopg.AsyncConnection.connect(
+            core.conninfo, **_connect_timeout(core, deadline)
+        )
         try:
             await conn.execute(f'LISTEN "{core.channel}"')
             cur = await conn.execute(core.sql.marks)
             marks = await cur.fetchone()
+            if self._closed:
+                raise _closed()
         except BaseException:
             await conn.close()
             raise

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import math
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -339,6 +340,7 @@ def test_a_bad_schema_name_is_refused_before_connecting(bad: Any, error: type) -
         ({"pool_size": 1.5}, TypeError),
         ({"prepare": 1}, TypeError),
         ({"timeout": 0}, ValueError),
+        ({"timeout": 1e10}, ValueError),  # beyond what a lock's wait takes
         ({"timeout": "1"}, TypeError),
         ({"trace_max": -1}, ValueError),
         ({"codec": object()}, TypeError),
@@ -1083,6 +1085,159 @@ def test_libpq_status_codes_are_psycopgs() -> None:
 
     assert postgres._CONN_OK == pq.ConnStatus.OK
     assert postgres._TX_IDLE == pq.TransactionStatus.IDLE
+
+
+def test_a_cancelled_wait_for_work_leaves_its_wake_up_to_the_next(url: str, pg_schema: str) -> None:
+    """A wait cancelled before it returned (asyncio.wait_for's timeout) may have taken a
+    wake-up off the connection: the next wait gets it."""
+    rng = random.Random(1)
+
+    async def main() -> tuple[int, int]:
+        cancelled = lost = 0
+        with PostgresStore(url, schema=pg_schema) as writer:
+            async with AsyncPostgresStore(url, schema=pg_schema) as relay:
+                await relay.wait_for_work(0.05)
+                for i in range(60):
+                    writer.commit(Execution(id=f"e{i}"), [("relay", i)])
+                    try:
+                        await asyncio.wait_for(relay.wait_for_work(5.0), rng.uniform(0, 0.003))
+                        continue
+                    except asyncio.TimeoutError:
+                        cancelled += 1
+                    if not await relay.wait_for_work(2.0):
+                        lost += 1
+        return cancelled, lost
+
+    cancelled, lost = asyncio.run(main())
+    assert cancelled > 0
+    assert lost == 0
+
+
+def test_close_ends_an_async_wait_for_work(url: str, pg_schema: str) -> None:
+    """A task waiting in wait_for_work when its store is closed gets ValueError at once,
+    and leaves no connection open."""
+    app = f"harel-close-{uuid.uuid4().hex[:8]}"
+    named = f"{url}{'&' if '?' in url else '?'}application_name={app}"
+
+    async def main() -> None:
+        store = AsyncPostgresStore(named, schema=pg_schema)
+        await store.wait_for_work(0)
+        waiting = asyncio.ensure_future(store.wait_for_work(30.0))
+        await asyncio.sleep(0.2)
+        start = time.monotonic()
+        await store.close()
+        with pytest.raises(ValueError, match="closed"):
+            await waiting
+        assert time.monotonic() - start < 5.0
+
+    asyncio.run(main())
+    deadline = time.monotonic() + 10
+    while backends(url, app) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert backends(url, app) == 0
+
+
+def test_concurrent_async_waits_each_keep_their_timeout(url: str, pg_schema: str) -> None:
+    """Calls that share a store share its listening connection: one waiting beside
+    another still returns after its own timeout."""
+
+    async def main() -> None:
+        async with AsyncPostgresStore(url, schema=pg_schema) as store:
+            await store.wait_for_work(0)
+            long = asyncio.ensure_future(store.wait_for_work(6.0))
+            await asyncio.sleep(0.1)
+            start = time.monotonic()
+            assert await store.wait_for_work(0.2) is False
+            assert time.monotonic() - start < 3.0
+            assert await long is False
+
+    asyncio.run(main())
+
+
+def test_the_async_pool_serves_waiting_calls_in_turn(url: str, pg_schema: str) -> None:
+    """More tasks than connections, each calling back to back: a connection put back
+    goes to the task that waited longest, so none waits out the timeout."""
+
+    async def main() -> dict[str, int]:
+        calls: Counter[str] = Counter()
+        async with AsyncPostgresStore(url, schema=pg_schema, pool_size=1, timeout=1.0) as store:
+            await store.commit(Execution(id="x"), [])
+            end = time.monotonic() + 3.0
+
+            async def hammer() -> None:
+                while time.monotonic() < end:
+                    try:
+                        await store.load("x")
+                        calls["ok"] += 1
+                    except StoreError:
+                        calls["StoreError"] += 1
+
+            await asyncio.gather(*(hammer() for _ in range(4)))
+        return dict(calls)
+
+    calls = asyncio.run(main())
+    assert calls.get("StoreError", 0) == 0
+    assert calls["ok"] > 0
+
+
+def test_a_task_cancelled_as_it_is_handed_a_connection_is_cancelled(
+    url: str, pg_schema: str
+) -> None:
+    """With one connection, A's call hands it to B, which waits for it, and A cancels
+    B at once: B ends cancelled, its commit not made (Python 3.11's asyncio.wait_for
+    would return the connection and swallow the cancellation)."""
+
+    async def main() -> None:
+        async with AsyncPostgresStore(url, schema=pg_schema, pool_size=1) as store:
+            loading = asyncio.ensure_future(store.load("x"))
+            await asyncio.sleep(0)
+            b = asyncio.ensure_future(store.commit(Execution(id="b"), [("t", "b")]))
+            await asyncio.sleep(0)
+            assert not b.done()
+            await loading
+            b.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await b
+            assert await store.load("b") is None
+            assert await store.pending_outbox() == []
+
+    asyncio.run(main())
+
+
+def test_connecting_to_a_server_that_never_answers_gives_up_by_timeout() -> None:
+    """A server that takes the connection and says nothing: opening gives up with
+    StoreError after the store's timeout (libpq counts at least 2 s), not psycopg's
+    default of 130 s."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(silent.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    url = f"postgresql://nobody@127.0.0.1:{silent.getsockname()[1]}/nowhere"
+    try:
+        start = time.monotonic()
+        with pytest.raises(StoreError):
+            PostgresStore(url, timeout=1.0)
+        assert time.monotonic() - start < 10.0
+
+        async def main() -> None:
+            store = AsyncPostgresStore(url, timeout=1.0)
+            with pytest.raises(StoreError):
+                await store.load("x")
+
+        start = time.monotonic()
+        asyncio.run(main())
+        assert time.monotonic() - start < 10.0
+    finally:
+        silent.close()
+        for conn in held:
+            conn.close()
 
 
 # --- processes ------------------------------------------------------------------------------

@@ -100,6 +100,21 @@ def as_trace_max(value: Any) -> int | None:
     return size
 
 
+def as_codec(codec: Any) -> None:
+    """Refuse a durable store's ``codec=`` that is not a codec object (``None`` is the
+    default's): one without the four methods, or a codec class given for an instance."""
+    if isinstance(codec, type):
+        raise TypeError(
+            f"codec must be a codec object, not the class {codec.__qualname__}: pass {codec.__qualname__}()"
+        )
+    for name in ("encode_execution", "decode_execution", "encode_value", "decode_value"):
+        if not callable(getattr(codec, name, None)):
+            raise TypeError(
+                f"codec must have the methods encode_execution, decode_execution, "
+                f"encode_value and decode_value; {type(codec).__name__} has no {name}()"
+            )
+
+
 def as_commit_id(value: Any) -> str:
     if not isinstance(value, str):
         raise TypeError(f"commit_id must be a str, got {type(value).__name__}")

@@ -532,12 +532,7 @@ class _Core:
         if codec is None:
             codec = JSON
         else:
-            for name in ("encode_execution", "decode_execution", "encode_value", "decode_value"):
-                if not callable(getattr(codec, name, None)):
-                    raise TypeError(
-                        f"codec must have the methods encode_execution, decode_execution, "
-                        f"encode_value and decode_value; {type(codec).__name__} has no {name}()"
-                    )
+            _checks.as_codec(codec)
         self.codec = codec
         self.canonical = getattr(codec, "canonical_value", None) or codec.encode_value
         if not isinstance(schema, str):

@@ -344,6 +344,7 @@ def test_a_bad_schema_name_is_refused_before_connecting(bad: Any, error: type) -
         ({"timeout": "1"}, TypeError),
         ({"trace_max": -1}, ValueError),
         ({"codec": object()}, TypeError),
+        ({"codec": JsonCodec}, TypeError),  # the class, not a codec
         ({"bogus": 1}, TypeError),
     ],
     ids=repr,

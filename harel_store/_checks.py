@@ -67,7 +67,7 @@ def as_time(value: Any, what: str) -> float:
     range is an infinity, which the callers that need a finite time refuse."""
     number: Any = value
     if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{what} must be a real number (epoch seconds), got {type(value).__name__}")
+        raise TypeError(f"{what} must be a real number of seconds, got {type(value).__name__}")
     try:
         return float(number)
     except OverflowError:

@@ -142,6 +142,7 @@ SYNCHRONOUS = ("NORMAL", "FULL")
 _MEMORY = ":memory:"
 _POLL_FIRST = 0.002  # wait_for_work: the first pause between two looks at the counter,
 _POLL_MAX = 0.02  # doubled up to this one (the latency of a wake-up)
+_LOOK_GRACE = 0.1  # AsyncSqliteStore.wait_for_work: how long past its timeout a look may take
 
 _CAS = "UPDATE executions SET version = ?, body = ? WHERE id = ? AND version = ?"
 _CAS_EPOCH = (
@@ -224,6 +225,12 @@ _RESTORE = {
     "spawn": _RESTORE_SPAWN,
 }  # fmt: skip
 _BATCH = 500  # rows per executemany while restoring
+
+
+_COPY_REFUSED = (
+    "{} objects cannot be copied or pickled (a copy would share the database connection): "
+    "open another store on the same file"
+)
 
 
 def _closed() -> ValueError:
@@ -344,6 +351,15 @@ class SqliteStore:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(_COPY_REFUSED.format(type(self).__name__))
+
+    def __copy__(self) -> Any:
+        raise TypeError(_COPY_REFUSED.format(type(self).__name__))
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        raise TypeError(_COPY_REFUSED.format(type(self).__name__))
 
     @property
     def path(self) -> str:
@@ -851,14 +867,16 @@ class SqliteStore:
     def _take_work(self) -> bool:
         """Whether the work counter moved since this object last saw it (and see it)."""
         with self._lock:
-            conn = self._conn
-            if conn is None:
-                raise _closed()
-            n = conn.execute("SELECT n FROM work").fetchone()[0]
+            n = self._work_count()
             if n == self._seen_work:
                 return False
             self._seen_work = n
             return True
+
+    def _work_count(self) -> int:
+        """The work counter, marking nothing seen."""
+        n: int = self._read_one("SELECT n FROM work", ())[0]
+        return n
 
     def _now(self) -> float:
         now = self._clock()
@@ -1118,7 +1136,7 @@ class AsyncSqliteStore:
     call, or from ``async with``. ``wait_for_work`` pauses with ``asyncio.sleep`` between
     looks, so it keeps the thread free for the store's other calls. A cancelled call may
     still complete on the thread (a commit retried with its ``commit_id`` is
-    recognised).
+    recognised); ``close()`` closes the database even when it is cancelled.
     """
 
     preserves_identity = False
@@ -1135,6 +1153,8 @@ class AsyncSqliteStore:
         clock: Callable[[], float] | None = None,
     ) -> None:
         self._closed = True
+        self._closing: Future[None] | None = None
+        self._seen_work: int | None = None  # None: still the count read when it opened
         options = _options(path, trace_max, codec, synchronous, busy_timeout, clock)
         self._path = options[0]
         self._trace_max = options[1]
@@ -1163,6 +1183,15 @@ class AsyncSqliteStore:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(_COPY_REFUSED.format(type(self).__name__))
+
+    def __copy__(self) -> Any:
+        raise TypeError(_COPY_REFUSED.format(type(self).__name__))
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        raise TypeError(_COPY_REFUSED.format(type(self).__name__))
 
     @property
     def path(self) -> str:
@@ -1255,30 +1284,40 @@ class AsyncSqliteStore:
         return await self._call("stats")  # type: ignore[no-any-return]
 
     async def wait_for_work(self, timeout: float) -> bool:
-        """See :meth:`SqliteStore.wait_for_work`; the pauses are ``asyncio.sleep``."""
+        """See :meth:`SqliteStore.wait_for_work`; the pauses are ``asyncio.sleep``. While
+        the store's thread is busy with other calls, it still returns ``False`` soon after
+        ``timeout``. Only a call that returns ``True`` marks the work seen: a cancelled
+        one leaves it for the next."""
         if self._closed:
             raise _closed()
         timeout = _checks.as_timeout(timeout)
         deadline = time.monotonic() + timeout
         pause = _POLL_FIRST
-        while not await self._call("_take_work"):
+        while True:
+            n = await self._look_at_work(deadline)
+            if n is not None:
+                if self._seen_work is None:
+                    self._seen_work = self._opening.result()._seen_work
+                if n != self._seen_work:
+                    self._seen_work = n
+                    return True
             left = deadline - time.monotonic()
             if left <= 0.0:
                 return False
             await asyncio.sleep(min(pause, left))
             pause = min(pause * 2.0, _POLL_MAX)
-        return True
 
     async def close(self) -> None:
-        """Close the database on the store's thread, then let the thread end."""
-        if self._closed:
-            return
-        self._closed = True
-        self._finalizer.detach()
-        try:
-            await asyncio.wrap_future(self._pool.submit(_close_opened, self._opening))
-        finally:
+        """Close the database on the store's thread, after the calls queued before it,
+        then let the thread end. The close is queued at once, so it happens even if
+        this call is cancelled; a later ``close()`` waits for it."""
+        if not self._closed:
+            self._closed = True
+            self._finalizer.detach()
+            self._closing = self._pool.submit(_close_opened, self._opening)
             self._pool.shutdown(wait=False)
+        if self._closing is not None:
+            await asyncio.shield(asyncio.wrap_future(self._closing))
 
     def _record_trace(self, execution_id: str, entry: Mapping[str, Any]) -> None:
         """The plain-``def`` recorder, as on every store: it waits for the store's
@@ -1289,11 +1328,28 @@ class AsyncSqliteStore:
         self._pool.submit(contextvars.copy_context().run, call).result()
 
     async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return await self._submit(name, *args, **kwargs)
+
+    def _submit(self, name: str, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        """Queue the sync store's method on the store's thread."""
         if self._closed:
             raise _closed()
         call = functools.partial(self._invoke, name, args, kwargs)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, contextvars.copy_context().run, call)
+        return loop.run_in_executor(self._pool, contextvars.copy_context().run, call)
+
+    async def _look_at_work(self, deadline: float) -> int | None:
+        """The work counter, read on the store's thread; ``None`` when the thread is too
+        busy to read it by ``deadline`` (or :data:`_LOOK_GRACE` from now, if later). A
+        look given up on, or whose caller is cancelled, is dropped from the queue if it
+        has not started; its count is never used."""
+        look = self._submit("_work_count")
+        try:
+            wait = max(deadline - time.monotonic(), _LOOK_GRACE)
+            done, _ = await asyncio.wait((look,), timeout=wait)
+        finally:
+            look.cancel()
+        return look.result() if done else None
 
     def _invoke(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """On the store's thread: the sync store's method (the open error, if any)."""

@@ -10,10 +10,12 @@ The contract every store keeps runs on SQLite through the conformance kinds of
 from __future__ import annotations
 
 import asyncio
+import copy
 import datetime
 import decimal
 import enum
 import math
+import pickle
 import sqlite3
 import threading
 import time
@@ -872,6 +874,16 @@ def test_bad_options_are_refused_before_opening(
     assert not path.exists()
 
 
+def test_a_bad_busy_timeout_is_named_a_number_of_seconds(path: Path) -> None:
+    for opener in (SqliteStore, AsyncSqliteStore):
+        with pytest.raises(
+            TypeError, match="busy_timeout must be a real number of seconds, got str"
+        ):
+            opener(path, busy_timeout="1")
+        with pytest.raises(TypeError, match="got bool"):
+            opener(path, busy_timeout=True)
+
+
 @pytest.mark.parametrize(("bad", "error"), [(5, TypeError), (b"x.db", TypeError), ("", ValueError)])
 def test_a_bad_path_is_refused(bad: Any, error: type[Exception]) -> None:
     with pytest.raises(error):
@@ -904,6 +916,23 @@ def test_open_store_routes_sqlite_urls(tmp_path: Path, monkeypatch: pytest.Monke
 def test_capabilities() -> None:
     for cls in (SqliteStore, AsyncSqliteStore):
         assert cls.durable is True and cls.preserves_identity is False
+
+
+def test_a_store_cannot_be_copied_or_pickled(path: Path) -> None:
+    """A copy would share the original's connection (and the async store's thread):
+    closing the copy would close the original's database."""
+
+    async def main() -> None:
+        async with AsyncSqliteStore(path) as astore:
+            with SqliteStore(path) as store:
+                for original in (store, astore):
+                    for attempt in (copy.copy, copy.deepcopy, pickle.dumps):
+                        with pytest.raises(TypeError, match="cannot be copied or pickled"):
+                            attempt(original)
+                store.commit(Execution(id="e1"), [])
+            assert (await astore.load("e1")).version == 1
+
+    asyncio.run(main())
 
 
 # --- closed stores ---------------------------------------------------------------------
@@ -1019,6 +1048,93 @@ def test_async_wait_for_work_leaves_the_store_free_for_other_calls(path: Path) -
             assert await store.wait_for_work(0.05) is False
 
     asyncio.run(main())
+
+
+def test_a_cancelled_async_wait_for_work_leaves_the_wake_up_for_the_next(path: Path) -> None:
+    """A wait cancelled while its look at the work counter runs on the store's thread
+    never returned: the work stays owed to the next wait."""
+
+    async def main() -> None:
+        async with AsyncSqliteStore(path) as store:
+            with SqliteStore(path) as writer:
+                writer.commit(Execution(id="e1"), [("t", "x")])
+            lock = store._opening.result()._lock
+            lock.acquire()  # the look waits for it on the store's thread
+            try:
+                waiting = asyncio.ensure_future(store.wait_for_work(20))
+                await asyncio.sleep(0.2)
+                waiting.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await waiting
+            finally:
+                lock.release()
+            await asyncio.sleep(0.1)  # the look, done with, finishes on the thread
+            assert await store.wait_for_work(5) is True
+            assert await store.wait_for_work(0) is False
+
+    asyncio.run(main())
+
+
+def test_async_wait_for_work_keeps_its_timeout_while_the_thread_is_busy(path: Path) -> None:
+    """Another task's commit waits for the write lock on the store's one thread; the
+    wait returns False about when its timeout says, and sees the commit once it lands."""
+    SqliteStore(path).close()
+    blocker = sqlite3.connect(path, isolation_level=None)
+
+    async def main() -> None:
+        async with AsyncSqliteStore(path) as store:
+            blocker.execute("BEGIN IMMEDIATE")
+            release = asyncio.get_running_loop().call_later(5.0, blocker.execute, "COMMIT")
+            commit = asyncio.ensure_future(store.commit(Execution(id="e1"), [("t", "x")]))
+            await asyncio.sleep(0.1)
+            start = time.monotonic()
+            assert await store.wait_for_work(0.2) is False
+            assert time.monotonic() - start < 1.5
+            assert not commit.done()
+            release.cancel()
+            blocker.execute("COMMIT")
+            await commit
+            assert await store.wait_for_work(5) is True
+
+    try:
+        asyncio.run(main())
+    finally:
+        blocker.close()
+
+
+def test_a_cancelled_async_close_still_closes_the_database(path: Path) -> None:
+    """The close waits on the store's thread behind a commit that waits for the write
+    lock; cancelled meanwhile, it still closes the connection, and a later close()
+    waits for that."""
+    SqliteStore(path).close()
+    blocker = sqlite3.connect(path, isolation_level=None)
+
+    async def main() -> None:
+        store = AsyncSqliteStore(path)
+        await store.stats()
+        inner = store._opening.result()
+        blocker.execute("BEGIN IMMEDIATE")
+        release = asyncio.get_running_loop().call_later(5.0, blocker.execute, "COMMIT")
+        commit = asyncio.ensure_future(store.commit(Execution(id="e1"), [("t", "x")]))
+        await asyncio.sleep(0.1)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(store.close(), 0.2)
+        assert "closed" in repr(store)
+        release.cancel()
+        blocker.execute("COMMIT")
+        await commit
+        await asyncio.wait_for(store.close(), 10)
+        assert "closed" in repr(inner), "the connection was left open"
+        await store.close()
+        with pytest.raises(ValueError, match="closed"):
+            await store.load("e1")
+
+    try:
+        asyncio.run(main())
+    finally:
+        blocker.close()
+    with SqliteStore(path) as again:
+        assert again.load("e1").version == 1
 
 
 def test_the_async_store_opens_on_its_thread(path: Path) -> None:

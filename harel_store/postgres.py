@@ -1487,7 +1487,7 @@ class PostgresStore:
     preserves_identity = False
     durable = True
 
-    __slots__ = ("__weakref__", "_core", "_pool")
+    __slots__ = ("__weakref__", "_core", "_listening", "_pool")
 
     def __init__(
         self,
@@ -1501,6 +1501,7 @@ class PostgresStore:
         timeout: float = 30.0,
     ) -> None:
         self._pool: _Pool | None = None
+        self._listening = threading.Lock()  # wait_for_work's turn on the listener
         psycopg = _import_psycopg()
         core = self._core = _Core(conninfo, trace_max, codec, schema, pool_size, prepare, timeout)
         try:
@@ -1675,12 +1676,21 @@ class PostgresStore:
         ``wait_for_work`` returned; ``False`` after ``timeout`` seconds without one.
 
         It uses ``LISTEN`` on a connection of its own, opened at the first call and
-        reopened when it drops (until ``timeout``: then :class:`StoreError`)."""
+        reopened when it drops (until ``timeout``: then :class:`StoreError`). Threads that
+        wait on one store take turns on it, each for no longer than its ``timeout``."""
         pool = self._open_pool()
-        import psycopg
-
         timeout = _checks.as_timeout(timeout)
         deadline = time.monotonic() + timeout
+        if not self._listening.acquire(timeout=-1 if timeout > _TIMEOUT_MAX else timeout):
+            return False
+        try:
+            return self._wait_for_work(pool, deadline)
+        finally:
+            self._listening.release()
+
+    def _wait_for_work(self, pool: _Pool, deadline: float) -> bool:
+        import psycopg
+
         pause = _RECONNECT_FIRST
         while True:
             try:

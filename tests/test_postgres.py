@@ -1155,6 +1155,22 @@ def test_concurrent_async_waits_each_keep_their_timeout(url: str, pg_schema: str
     asyncio.run(main())
 
 
+def test_threads_waiting_on_one_store_each_keep_their_timeout(url: str, pg_schema: str) -> None:
+    """The sync twin: a thread's wait beside another thread's longer one on the same
+    store returns after its own timeout."""
+    with PostgresStore(url, schema=pg_schema) as store:
+        store.wait_for_work(0)
+        long = threading.Thread(target=store.wait_for_work, args=(6.0,))
+        long.start()
+        try:
+            time.sleep(0.1)
+            start = time.monotonic()
+            assert store.wait_for_work(0.2) is False
+            assert time.monotonic() - start < 3.0
+        finally:
+            long.join()
+
+
 def test_the_async_pool_serves_waiting_calls_in_turn(url: str, pg_schema: str) -> None:
     """More tasks than connections, each calling back to back: a connection put back
     goes to the task that waited longest, so none waits out the timeout."""

@@ -13,6 +13,7 @@ or a store that cannot take the run).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import sys
@@ -20,14 +21,13 @@ from collections.abc import Sequence
 from time import perf_counter
 from types import ModuleType
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from . import IMPLEMENTATION, __version__
 from ._demo import DemoResult, DemoStore, run
 from ._demo.durable import DEFAULT_ORDERS, LEASE, Coordinator, Refused, run_durable
 from ._env import NO_EXTENSIONS, REQUIRE_EXTENSIONS
 from ._errors import StoreError
-from ._open import open_store
+from ._open import open_store, redact
 from ._store_py import DictStore as PureDictStore
 
 PROG = "python -m harel_store"
@@ -43,8 +43,8 @@ def _positive(text: str) -> int:
 
 def _seconds(text: str) -> float:
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number more than 0, got {text}")
     return value
 
 
@@ -168,19 +168,6 @@ class _Progress:
             )
 
 
-def redact(url: str) -> str:
-    """``url`` with its password, if any, replaced by ``***``."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        host = parts.netloc.rpartition("@")[2]
-        netloc = f"{parts.username or ''}:***@{host}"
-        return urlunsplit(parts._replace(netloc=netloc))
-    except ValueError:
-        return url
-
-
 def _usage_error(message: str) -> int:
     print(f"{PROG}: error: {message}", file=sys.stderr)
     return 2
@@ -188,11 +175,21 @@ def _usage_error(message: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["copy"]:
-        from ._copy import main as copy
+    if "copy" in argv:
+        at = argv.index("copy")
+        if all(arg == "--quiet" for arg in argv[:at]):  # the one option both commands take
+            from ._copy import main as copy
 
-        return copy(argv[1:])
-    args = _parser().parse_args(argv)
+            return copy(argv[:at] + argv[at + 1 :])
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest[:1] == ["copy"]:
+        parser.error(
+            "copy takes its own options, after it: python -m harel_store copy [--quiet] "
+            "SRC_URL DST_URL"
+        )
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     store, implementation = _store(args.pure)
     if args.info:
         _info(store, implementation)
@@ -204,11 +201,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _usage_error(
                 "--workers needs a database the worker processes share: a SQLite file "
                 "(--store sqlite:///path.db) or PostgreSQL (--store postgresql://...); "
-                f"{url} is the memory of one process"
+                f"{redact(url)} is the memory of one process"
             )
         if args.resume:
             return _usage_error(
-                f"--resume needs a durable store: {url} starts empty in every process"
+                f"--resume needs a durable store: {redact(url)} starts empty in every process"
             )
         try:
             open_store(url).close()  # the URL's own checks
@@ -216,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _usage_error(str(exc))
         return _memory(args, store, implementation, progress)
     if args.pure:
-        return _usage_error(f"--pure picks the pure-Python memory store; --store is {url}")
+        return _usage_error(f"--pure picks the pure-Python memory store; --store is {redact(url)}")
     return _durable(args, url, progress)
 
 
@@ -241,11 +238,11 @@ def _durable(args: argparse.Namespace, url: str, progress: Any) -> int:
         if getattr(store, "path", None) == ":memory:":
             if args.workers is not None:
                 return _usage_error(
-                    f"--workers needs a database the worker processes share: {url} is "
+                    f"--workers needs a database the worker processes share: {where} is "
                     "private to one connection; use sqlite:///path.db or postgresql://..."
                 )
             if args.resume:
-                return _usage_error(f"--resume needs a database that outlives the process: {url}")
+                return _usage_error(f"--resume needs a database that outlives the process: {where}")
         coord = Coordinator(store, where)
         try:
             coord.open(args.executions, args.seed, args.resume)

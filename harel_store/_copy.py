@@ -18,7 +18,9 @@ into the other, so it works between any two stores that have them:
     inside it; a memory store builds its tables aside and installs them at the end. Any
     error (a bad record, a value the codec refuses, a non-``str`` id in a durable store,
     an exception raised by the iterator) leaves the store as it was. Records are
-    borrowed: a store keeps copies (encoded, or deep-copied), never the record's objects.
+    borrowed: a store keeps copies (encoded, or deep-copied), never the record's objects
+    but its ids (a memory store keeps the id objects, so an id hashed by identity still
+    finds its execution's records).
     It ignores ``("total", n)`` and raises ``ValueError`` for a kind it does not know.
 
 The records (each a tuple whose first item is its kind):
@@ -50,7 +52,8 @@ The records (each a tuple whose first item is its kind):
     The pending entries with their seqs, in seq order, unleased.
 ``("seqs", outbox_seq, spawn_seq)``
     The last seqs the store allocated (``0`` for none). The receiving store allocates
-    after the greater of these and the seqs it copied.
+    after the greatest of these, the seqs it copied and the seqs it allocated itself (an
+    empty store may have handed out seqs since acked): its seqs never go back.
 
 Leases are not copied: a claimed, unacked entry or timer is claimable at once in the copy.
 """
@@ -58,12 +61,12 @@ Leases are not copied: a claimed, unacked entry or timer is claimable at once in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import reprlib
 import sys
 import time
-import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -397,6 +400,10 @@ class _Tally:
             yield record
             if progress is not None and self.done % PROGRESS_EVERY == 0:
                 progress(self.done, self.total)
+        # The last call comes before dst writes (or commits) what it read, so an
+        # exception from it still leaves dst as it was.
+        if progress is not None:
+            progress(self.done, self.total)
 
 
 def copy_store(src: Any, dst: Any, *, progress: Progress | None = None) -> dict[str, int]:
@@ -425,8 +432,9 @@ def copy_store(src: Any, dst: Any, *, progress: Progress | None = None) -> dict[
     ``dst``'s codec.
 
     ``progress(done, total)``, if given, is called when the copy starts, every
-    :data:`PROGRESS_EVERY` records and when it is done; ``total`` is ``None`` when
-    ``src`` cannot tell. An exception it raises stops the copy with nothing written.
+    :data:`PROGRESS_EVERY` records and when the last record is read, before ``dst`` is
+    written; ``total`` is ``None`` when ``src`` cannot tell. An exception it raises
+    stops the copy with nothing written.
 
     A durable ``src`` is read in one snapshot while others go on writing to it; a memory
     ``src`` must not be written to during the copy. Both stores are sync stores (an async
@@ -448,25 +456,10 @@ def copy_store(src: Any, dst: Any, *, progress: Progress | None = None) -> dict[
         close = getattr(records, "close", None)
         if close is not None:
             close()
-    if progress is not None:
-        progress(tally.done, tally.total)
     return tally.counts
 
 
 # --- python -m harel_store copy SRC_URL DST_URL ------------------------------------------
-
-
-def _shown(url: str) -> str:
-    """``url`` without a password."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        if parts.password is None:
-            return url
-        netloc = parts.netloc.rpartition("@")
-        user = netloc[0].partition(":")[0]
-        return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[2]}"))
-    except ValueError:
-        return url
 
 
 class _Display:
@@ -520,35 +513,69 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SRC_URL",
         help="the store to copy: sqlite:///path.db, postgresql://..., memory: (an empty one)",
     )
-    parser.add_argument("dst", metavar="DST_URL", help="the empty store to copy into")
+    parser.add_argument(
+        "dst",
+        metavar="DST_URL",
+        help="the empty store to copy into: sqlite:///path.db or postgresql://...",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m harel_store copy SRC_URL DST_URL``: 0 when everything was copied,
-    1 with a message on stderr when nothing was (2 for a usage error)."""
+    1 with a message on stderr when nothing was, 2 for a usage error (a bad option or
+    URL, or a destination that would vanish with the command). A SQLite file the command
+    made for the copy is removed when the copy fails; a missing or empty SQLite source is
+    refused before anything is opened."""
     parser = _parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error argparse has shown
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    from ._open import open_store, sqlite_file
+    from ._open import private_store, redact, sqlite_file
 
-    prog = parser.prog
-    src_url, dst_url = _shown(args.src), _shown(args.dst)
+    src_url, dst_url = redact(args.src), redact(args.dst)
 
-    def fail(message: str) -> int:
-        print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
-        return 1
+    def fail(message: str, code: int = 1) -> int:
+        print(f"{parser.prog}: error: {message}", file=sys.stderr, flush=True)
+        return code
 
     try:
-        source = sqlite_file(args.src)
-    except (ValueError, TypeError) as exc:
-        return fail(f"cannot open {src_url}: {exc}")
-    if source is not None and not os.path.exists(source):
-        # Opening it would make an empty database, and the copy would copy nothing.
-        return fail(f"cannot open {src_url}: no such database file: {source}")
+        private_store(args.src)
+    except ValueError as exc:
+        return fail(f"cannot open {src_url}: {exc}", 2)
+    try:
+        throwaway = private_store(args.dst)
+    except ValueError as exc:
+        return fail(f"cannot open {dst_url}: {exc}", 2)
+    if throwaway:
+        return fail(
+            f"{dst_url} would vanish with this command, and the copy with it: copy into "
+            "a SQLite file (sqlite:///path.db) or PostgreSQL (postgresql://...)",
+            2,
+        )
+    source, target = sqlite_file(args.src), sqlite_file(args.dst)
+    if source is not None:
+        problem = _unfit_source(source)
+        if problem is not None:
+            return fail(f"cannot open {src_url}: {problem}")
+    made = target if target is not None and _make(target) else None
+    code = 1
+    try:
+        code = _copy_urls(args, src_url, dst_url, fail)
+    finally:
+        if made is not None and code != 0:
+            _remove(made)
+    return code
+
+
+def _copy_urls(
+    args: argparse.Namespace, src_url: str, dst_url: str, fail: Callable[[str], int]
+) -> int:
+    """Open both stores, copy, close them: :func:`main`'s exit code."""
+    from ._open import open_store
+
     opened: list[Any] = []
     try:
         try:
@@ -579,3 +606,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         for store in reversed(opened):
             store.close()
+
+
+def _unfit_source(path: str) -> str | None:
+    """Why the SQLite file ``path`` cannot be copied from, found without writing to it:
+    opening a missing or empty file as a store would make a harel_store database of
+    it. ``None`` when it may be opened (a store refuses a file of another kind itself,
+    before writing)."""
+    import pathlib
+    import sqlite3
+
+    if not os.path.exists(path):
+        return f"no such database file: {path}"
+    # mode=rw: never creates the file; and, unlike mode=ro, removes the -wal and -shm
+    # files it opens when it closes.
+    uri = f"{pathlib.Path(path).absolute().as_uri()}?mode=rw"
+    try:
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
+            (tables,) = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.Error:
+        return None
+    return None if tables else f"{path} is empty: it holds no harel_store database"
+
+
+def _make(path: str) -> bool:
+    """Create the empty file ``path`` unless something is there: whether it was made."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except OSError:  # there already, or cannot be made: opening the store says why
+        return False
+    return True
+
+
+def _remove(path: str) -> None:
+    """Remove the database file ``path`` this command made, and SQLite's files beside it."""
+    for name in (path, f"{path}-wal", f"{path}-shm"):
+        with contextlib.suppress(OSError):
+            os.remove(name)

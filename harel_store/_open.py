@@ -8,9 +8,37 @@ scheme is opened, so ``import harel_store`` needs nothing beyond the standard li
 
 from __future__ import annotations
 
+import urllib.parse
 from typing import Any
 
 SCHEMES = ("memory", "sqlite", "postgresql", "postgres")
+SECRET_PARAMETERS = frozenset({"password", "sslpassword"})  # libpq's, in a query string
+
+
+def redact(url: str) -> str:
+    """``url`` as a message may show it: the password of ``user:password@host`` and the
+    value of a ``password`` or ``sslpassword`` query parameter replaced by ``***``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    # libpq reads the credentials up to an '@' before the first '/', so a password may
+    # hold '?' or '#': hide everything up to the last such '@'.
+    head, slash, path = rest.partition("/")
+    userinfo, _, hosts = head.rpartition("@")
+    user, colon, _ = userinfo.partition(":")
+    if colon:
+        head = f"{user}:***@{hosts}"
+    base, question, query = f"{head}{slash}{path}".partition("?")
+    if question:
+        query = "&".join(_redacted_parameter(p) for p in query.split("&"))
+    return f"{scheme}://{base}{question}{query}"
+
+
+def _redacted_parameter(parameter: str) -> str:
+    key, equals, _ = parameter.partition("=")
+    if equals and urllib.parse.unquote(key).lower() in SECRET_PARAMETERS:
+        return f"{key}=***"
+    return parameter
 
 
 def _split(url: Any) -> tuple[str, str]:
@@ -20,13 +48,17 @@ def _split(url: Any) -> tuple[str, str]:
     scheme = scheme.lower()
     if not colon or scheme not in SCHEMES:
         known = ", ".join(f"{s}:" for s in SCHEMES)
-        raise ValueError(f"unknown store URL {url!r}: the known schemes are {known}")
+        raise ValueError(f"unknown store URL {redact(url)!r}: the known schemes are {known}")
     return scheme, rest
 
 
-def _memory(rest: str, url: str, sync: bool, options: dict[str, Any]) -> Any:
+def _memory_path(rest: str, url: str) -> None:
     if rest not in ("", "//"):
-        raise ValueError(f"a memory store takes no path: {url!r} (use 'memory:')")
+        raise ValueError(f"a memory store takes no path: {redact(url)!r} (use 'memory:')")
+
+
+def _memory(rest: str, url: str, sync: bool, options: dict[str, Any]) -> Any:
+    _memory_path(rest, url)
     if sync:
         from ._store import DictStore
 
@@ -39,16 +71,16 @@ def _memory(rest: str, url: str, sync: bool, options: dict[str, Any]) -> Any:
 def _sqlite_path(rest: str, url: str) -> str:
     """The file a SQLite URL names, or ``":memory:"``."""
     if not rest.startswith("//"):
-        raise ValueError(f"a SQLite URL is sqlite:// or sqlite:///path.db, got {url!r}")
+        raise ValueError(f"a SQLite URL is sqlite:// or sqlite:///path.db, got {redact(url)!r}")
     path = rest[2:]
     if path and not path.startswith("/"):
-        raise ValueError(f"a SQLite URL is sqlite:// or sqlite:///path.db, got {url!r}")
+        raise ValueError(f"a SQLite URL is sqlite:// or sqlite:///path.db, got {redact(url)!r}")
     if "?" in path:
         # SQLAlchemy reads a query string as options; taken as part of the file name, it
         # would make a database of another name, without the options.
         raise ValueError(
             f"a SQLite URL takes no query string (give the options to open_store as "
-            f"keywords, e.g. synchronous='FULL'), got {url!r}"
+            f"keywords, e.g. synchronous='FULL'), got {redact(url)!r}"
         )
     return path[1:] or ":memory:"
 
@@ -61,6 +93,17 @@ def sqlite_file(url: str) -> str | None:
         return None
     path = _sqlite_path(rest, url)
     return None if path == ":memory:" else path
+
+
+def private_store(url: str) -> bool:
+    """Whether the store of ``url`` lives only as long as the object that opens it:
+    ``memory:``, or ``sqlite://`` (SQLite in memory). A URL that :func:`open_store`
+    refuses by itself raises its ``ValueError`` here, and nothing is opened."""
+    scheme, rest = _split(url)
+    if scheme == "memory":
+        _memory_path(rest, url)
+        return True
+    return scheme == "sqlite" and _sqlite_path(rest, url) == ":memory:"
 
 
 def _sqlite(rest: str, url: str, sync: bool, options: dict[str, Any]) -> Any:

@@ -1072,11 +1072,11 @@ cdef class DictStore:
                 kind = record[0]
                 if kind == "execution":
                     _, exe, epoch = record
-                    exe = deepcopy(exe)
                     try:
                         eid = exe.id
                     except AttributeError:
                         raise _bad_exe("id", exe) from None
+                    exe = deepcopy(exe, {id(eid): eid})
                     try:
                         version = exe.version
                     except AttributeError:
@@ -1184,8 +1184,8 @@ cdef class DictStore:
             self._heap = []
             self._armed = armed
             self._leased = []
-            self._seq = max(seq, last_out)
-            self._spawn_seq = max(spawn_seq, last_spawn)
+            self._seq = max(self._seq, seq, last_out)
+            self._spawn_seq = max(self._spawn_seq, spawn_seq, last_spawn)
             self._timer_seq = len(armed)
             self._n_exes = n_exes
             self._n_marks = n_marks

@@ -1023,7 +1023,8 @@ class DictStore:
         """Write the records of :mod:`harel_store._copy` into this empty store (else
         :class:`~harel_store.StoreError`): all or nothing, the tables are built aside and
         installed at the end. Executions, events, contexts, steps and bodies are
-        deep-copied; the last ``trace_max`` steps of a ring are kept."""
+        deep-copied, ids are not (an execution's copy keeps its id object); the last
+        ``trace_max`` steps of a ring are kept."""
         if self._busy:
             raise _reentered("_restore")
         self._busy = True
@@ -1045,11 +1046,13 @@ class DictStore:
                 kind = record[0]
                 if kind == "execution":
                     _, exe, epoch = record
-                    exe = deepcopy(exe)
                     try:
                         eid = exe.id
                     except AttributeError:
                         raise _bad_exe("id", exe) from None
+                    # The copy keeps the id object the other records name: a copy of
+                    # an id hashed by identity would split the execution from them.
+                    exe = deepcopy(exe, {id(eid): eid})
                     try:
                         version = exe.version
                     except AttributeError:
@@ -1148,8 +1151,10 @@ class DictStore:
             self._heap = []
             self._armed = armed
             self._leased = []
-            self._seq = max(seq, last_out)
-            self._spawn_seq = max(spawn_seq, last_spawn)
+            # An empty store may have handed out seqs (acked since): a late ack of one
+            # must not drop a new entry, so seqs never go back.
+            self._seq = max(self._seq, seq, last_out)
+            self._spawn_seq = max(self._spawn_seq, spawn_seq, last_spawn)
             self._timer_seq = len(armed)
             self._n_exes = n_exes
             self._n_marks = n_marks

@@ -12,6 +12,7 @@ leases were left behind.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import math
 import sqlite3
@@ -29,6 +30,7 @@ from harel_store import (
     StoreError,
     TimerOp,
     _copy,
+    _open,
     copy_store,
 )
 from harel_store.sqlite import AsyncSqliteStore, JsonCodec, SqliteStore
@@ -334,6 +336,59 @@ def test_seqs_continue_after_acked_entries(
         assert [e.seq for e in dst.pending_spawns()] == [2]
 
 
+@pytest.mark.parametrize("dst_kind", ["sqlite", *MEMORY])
+def test_seqs_of_an_emptied_store_never_go_back(
+    request: pytest.FixtureRequest, sqlite_at: Callable[..., SqliteStore], dst_kind: str
+) -> None:
+    """An empty store that handed out seqs (acked since) keeps allocating after them: a
+    relay's late ack of an old seq must not drop an entry committed after the copy."""
+    dst = sqlite_at("d.db") if dst_kind == "sqlite" else memory(request, dst_kind)
+    dst.commit(Execution(id="old"), [(None, i) for i in range(5)], None, [],
+               [(f"k{i}", "r", {}) for i in range(5)])  # fmt: skip
+    for entry in dst.pending_outbox():
+        dst.ack_outbox(entry.seq)
+    for spawn in dst.pending_spawns():
+        dst.ack_spawn(spawn.seq)
+    dst.forget("old")
+    src = memory(request, "pure")
+    src.commit(Execution(id="a"), [(None, "copied")], None, [], [("c", "r", {})])
+    copy_store(src, dst)
+    dst.commit(Execution(id="b"), [(None, "new")], None, [], [("c2", "r", {})])
+    assert [e.seq for e in dst.pending_outbox()] == [1, 6]
+    assert [e.seq for e in dst.pending_spawns()] == [1, 6]
+    dst.ack_outbox(3)  # late, from before the copy
+    dst.ack_spawn(3)
+    assert [e.event for e in dst.pending_outbox()] == ["copied", "new"]
+    assert [e.child_id for e in dst.pending_spawns()] == ["c", "c2"]
+
+
+class _Key:
+    """An id hashed by identity, as any hashable id may be in a memory store."""
+
+    __slots__ = ()
+
+
+@pytest.mark.parametrize("impl_name", MEMORY)
+def test_an_id_hashed_by_identity_keeps_its_records_in_a_memory_copy(
+    request: pytest.FixtureRequest, impl_name: str
+) -> None:
+    key = _Key()
+    src = memory(request, impl_name)
+    src.commit(Execution(id=key, context={"n": [1]}), [(None, "ev")], "ev-1",
+               [TimerOp("schedule", "p", 1.0)], [], {"a": 1})  # fmt: skip
+    dst = memory(request, impl_name)
+    copy_store(src, dst)
+    exe = dst.load(key)
+    assert exe.id is key and exe is not src.load(key)
+    assert exe.context == {"n": [1]} and exe.context["n"] is not src.load(key).context["n"]
+    assert dst.is_processed(key, "ev-1")
+    assert dst.read_trace(key) == [{"a": 1, "index": 0}]
+    assert dst.due_timers(2.0) == [(key, "p", 1.0)]
+    dst.forget(key)
+    assert dst.stats() == {"executions": 0, "outbox": 1, "spawns": 0, "timers": 0,
+                           "processed": 0, "traces": 0, "trace_steps": 0}  # fmt: skip
+
+
 def test_an_async_memory_store_is_copied_through_its_sync_store(
     request: pytest.FixtureRequest, sqlite_at: Callable[..., SqliteStore]
 ) -> None:
@@ -478,6 +533,28 @@ def test_an_error_on_the_way_writes_nothing(
     assert view(dst) == view(src)
 
 
+@pytest.mark.parametrize("dst_kind", ["sqlite", *MEMORY])
+def test_an_error_from_the_last_progress_call_writes_nothing(
+    request: pytest.FixtureRequest, sqlite_at: Callable[..., SqliteStore], dst_kind: str
+) -> None:
+    src = memory(request, "pure", trace_max=3)
+    populate(src)
+    dst = sqlite_at("d.db") if dst_kind == "sqlite" else memory(request, dst_kind)
+
+    class Stop(BaseException):
+        pass
+
+    def progress(done: int, total: int | None) -> None:
+        if done == total:
+            raise Stop
+
+    with pytest.raises(Stop):
+        copy_store(src, dst, progress=progress)
+    assert set(dst.stats().values()) == {0}
+    copy_store(src, dst)
+    assert view(dst) == view(src)
+
+
 def test_commit_ids_cannot_move_between_codecs_that_digest_differently(
     sqlite_at: Callable[..., SqliteStore],
 ) -> None:
@@ -615,12 +692,17 @@ def test_the_command_line_shows_progress_on_stderr(
 def test_the_command_line_fails_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = f"sqlite:///{tmp_path}/good.db"
     # A mistyped source would be made as an empty database, and nothing copied from it.
-    assert _copy.main([good, "memory:"]) == 1
+    assert _copy.main([good, f"sqlite:///{tmp_path}/dst.db"]) == 1
     assert "no such database file" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
     harel_store.open_store(good).close()
-    assert _copy.main(["nosuch://x", good]) == 1
+    # A URL open_store refuses by itself is a usage error.
+    assert _copy.main(["nosuch://x", good]) == 2
     assert "cannot open nosuch://x: unknown store URL" in capsys.readouterr().err
+    assert _copy.main([good, "sqlite://x/y.db"]) == 2
+    assert "cannot open sqlite://x/y.db: a SQLite URL is" in capsys.readouterr().err
+    assert _copy.main(["memory:x", good]) == 2
+    assert "a memory store takes no path" in capsys.readouterr().err
     foreign = tmp_path / "foreign.db"
     with sqlite3.connect(foreign) as conn:
         conn.execute("CREATE TABLE mine (x)")
@@ -632,8 +714,98 @@ def test_the_command_line_fails_clearly(tmp_path: Path, capsys: pytest.CaptureFi
     assert "empty store" in capsys.readouterr().out
 
 
-def test_passwords_are_not_shown() -> None:
-    assert _copy._shown("postgresql://me:secret@db.example:5432/app") == (
-        "postgresql://me:***@db.example:5432/app"
-    )
-    assert _copy._shown("sqlite:///a.db") == "sqlite:///a.db"
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://me:secret@db:5432/app", "postgresql://me:***@db:5432/app"),
+        ("postgresql://me@db/app?password=secret&sslmode=require",
+         "postgresql://me@db/app?password=***&sslmode=require"),
+        ("postgres://db/app?sslmode=require&%70assword=secret",
+         "postgres://db/app?sslmode=require&%70assword=***"),
+        ("postgresql://db/app?sslpassword=secret", "postgresql://db/app?sslpassword=***"),
+        ("postgresql://me:se?cr#et@db/app", "postgresql://me:***@db/app"),  # as libpq reads it
+        ("postgresql://me:se@cret@db/app", "postgresql://me:***@db/app"),
+        ("postgresql://me@db?password=se@cret", "postgresql://me@db?password=***"),
+        ("postgresql://me:a@h1,h2:5433/app?password=b", "postgresql://me:***@h1,h2:5433/app?password=***"),
+        ("postgresql://db/app?passfile=/home/me/.pgpass", "postgresql://db/app?passfile=/home/me/.pgpass"),
+        ("sqlite:////tmp/a@b:c.db", "sqlite:////tmp/a@b:c.db"),
+        ("sqlite://", "sqlite://"),
+        ("memory:", "memory:"),
+    ],
+)  # fmt: skip
+def test_passwords_are_not_shown(url: str, shown: str) -> None:
+    assert _open.redact(url) == shown
+
+
+def test_the_command_line_shows_no_password(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for src in ("postgresq://me@db/app?password=s3cret", "sqlite:///a.db?password=s3cret"):
+        assert _copy.main([src, f"sqlite:///{tmp_path}/dst.db"]) == 2
+        err = capsys.readouterr().err
+        assert "password=***" in err and "s3cret" not in err
+
+
+@pytest.mark.parametrize("dst", ["memory:", "memory://", "sqlite://", "sqlite:///"])
+def test_the_command_line_refuses_a_destination_that_vanishes_with_it(
+    dst: str, sqlite_at: Callable[..., SqliteStore], tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    sqlite_at("src.db").commit(Execution(id="a"), [(None, 1)])
+    assert _copy.main([f"sqlite:///{tmp_path}/src.db", dst]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert f"error: {dst} would vanish with this command" in err
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in folder.iterdir()}
+
+
+@pytest.mark.parametrize("how", ["empty file", "no tables"])
+def test_the_command_line_never_writes_to_its_source(
+    how: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "src.db"
+    if how == "empty file":
+        src.touch()
+    else:
+        with contextlib.closing(sqlite3.connect(src)) as conn:
+            conn.execute("PRAGMA user_version = 7")
+    before = _files(tmp_path)
+    assert _copy.main([f"sqlite:///{src}", f"sqlite:///{tmp_path}/dst.db"]) == 1
+    assert f"{src} is empty: it holds no harel_store database" in capsys.readouterr().err
+    assert _files(tmp_path) == before  # the source as it was, and no destination made
+
+
+def test_a_failed_command_line_copy_removes_only_the_file_it_made(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = f"sqlite:///{tmp_path}/src.db"
+    with harel_store.open_store(src) as store:
+        store.commit(Execution(id="a"), [(None, 1)])
+    foreign = tmp_path / "foreign.db"
+    with contextlib.closing(sqlite3.connect(foreign)) as conn:
+        conn.execute("CREATE TABLE mine (x)")
+    before = _files(tmp_path)
+    # The source cannot be opened: the destination made for it goes.
+    assert _copy.main([f"sqlite:///{foreign}", f"sqlite:///{tmp_path}/new.db"]) == 1
+    assert "is not a harel_store database" in capsys.readouterr().err
+    assert _files(tmp_path) == before
+
+    # Interrupted midway: the same.
+    def interrupt(*progress: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_copy._Display, "__call__", interrupt)
+    assert _copy.main([src, f"sqlite:///{tmp_path}/new.db"]) == 130
+    assert "interrupted: nothing was written" in capsys.readouterr().err
+    assert _files(tmp_path) == before
+
+    # An empty database that was there before stays.
+    kept = tmp_path / "kept.db"
+    harel_store.open_store(f"sqlite:///{kept}").close()
+    assert _copy.main([src, f"sqlite:///{kept}"]) == 130
+    assert kept.exists()
+    monkeypatch.undo()
+    assert _copy.main([src, f"sqlite:///{kept}"]) == 0

@@ -197,3 +197,28 @@ def test_main_in_process(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert cli.main(["-n", "100", "--quiet"]) == 0
     assert "OK:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "store", ["postgresql://me@db/app?password=s3cret", "postgresq://me:s3cret@db/app"]
+)
+def test_refusals_show_no_password(store: str, capsys: pytest.CaptureFixture[str]) -> None:
+    import harel_store.__main__ as cli
+
+    assert cli.main(["--pure", "--store", store, "-n", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "***" in err and "s3cret" not in err
+
+
+def test_copy_after_the_quiet_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import harel_store
+    import harel_store.__main__ as cli
+
+    src, dst = f"sqlite:///{tmp_path}/src.db", f"sqlite:///{tmp_path}/dst.db"
+    harel_store.open_store(src).close()
+    assert cli.main(["--quiet", "copy", src, dst]) == 0
+    assert capsys.readouterr().out.startswith(f"copied {src} to {dst} in ")
+    with pytest.raises(SystemExit) as info:
+        cli.main(["-n", "5", "copy", src, dst])
+    assert info.value.code == 2
+    assert "copy takes its own options, after it" in capsys.readouterr().err

@@ -469,3 +469,19 @@ def test_resume_after_a_crash_at_any_commit(at: int, landed: bool, tmp_path: Pat
         else:
             assert result["completed"] + result["timed_out"] == n
         assert set(store.stats().values()) == {0}
+
+
+@pytest.mark.parametrize("lease", ["inf", "1e309", "nan", "0", "-1"])
+def test_a_lease_that_is_not_a_finite_positive_number_is_a_usage_error(
+    lease: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import harel_store.__main__ as cli
+
+    store = f"sqlite:///{tmp_path}/x.db"
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--store", store, "-n", "5", "--quiet", "--lease", lease])
+    assert info.value.code == 2
+    assert f"argument --lease: must be a finite number more than 0, got {lease}" in (
+        capsys.readouterr().err
+    )
+    assert list(tmp_path.iterdir()) == []  # the store was not touched

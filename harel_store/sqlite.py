@@ -54,6 +54,7 @@ import os
 import sqlite3
 import threading
 import time
+import urllib.parse
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -139,6 +140,7 @@ SCHEMA_OBJECTS = frozenset(
 )
 
 SYNCHRONOUS = ("NORMAL", "FULL")
+BUSY_TIMEOUT_MAX = (2**31 - 1) / 1000  # SQLite's busy timeout is an int of milliseconds
 _MEMORY = ":memory:"
 _POLL_FIRST = 0.002  # wait_for_work: the first pause between two looks at the counter,
 _POLL_MAX = 0.02  # doubled up to this one (the latency of a wake-up)
@@ -237,6 +239,17 @@ def _closed() -> ValueError:
     return ValueError("I/O operation on a closed store")
 
 
+def _uri(path: str) -> str:
+    """What ``sqlite3.connect`` is given for ``path``: a ``file:`` URI that names the file
+    and nothing else. A SQLite built with ``SQLITE_USE_URI`` would read a path that starts
+    with ``file:`` as a URI itself (``file::memory:``, ``file:x.db?mode=ro``)."""
+    if path == _MEMORY:
+        return path
+    quoted = urllib.parse.quote_from_bytes(os.fsencode(path), safe="/")
+    # "file://" starts an authority: an absolute path follows an empty one.
+    return f"file://{quoted}" if quoted.startswith("/") else f"file:{quoted}"
+
+
 def _options(
     path: Any, trace_max: Any, codec: Any, synchronous: Any, busy_timeout: Any, clock: Any
 ) -> tuple[str, int | None, Any, str, float, Callable[[], float]]:
@@ -248,23 +261,27 @@ def _options(
         raise TypeError(f"path must be a str or a path, got {type(path).__name__}")
     if not path:
         raise ValueError("path must not be empty (':memory:' opens a private in-memory database)")
+    if "\0" in path:  # in a URI, SQLite would end the file name there
+        raise ValueError(f"path must not hold a NUL character, got {path!r}")
+    if path.endswith(os.sep) or (os.altsep is not None and path.endswith(os.altsep)):
+        raise ValueError(f"path must name a file, not a directory: {path!r} ends with a separator")
     size = _checks.as_trace_max(trace_max)
     if codec is None:
         codec = JSON
     else:
-        for name in ("encode_execution", "decode_execution", "encode_value", "decode_value"):
-            if not callable(getattr(codec, name, None)):
-                raise TypeError(
-                    f"codec must have the methods encode_execution, decode_execution, "
-                    f"encode_value and decode_value; {type(codec).__name__} has no {name}()"
-                )
+        _checks.as_codec(codec)
     if not isinstance(synchronous, str):
         raise TypeError(f"synchronous must be a str, got {type(synchronous).__name__}")
     if synchronous.upper() not in SYNCHRONOUS:
         raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
     timeout = _checks.as_time(busy_timeout, "busy_timeout")
-    if not 0.0 < timeout < float("inf"):
+    if not timeout > 0.0:
         raise ValueError(f"busy_timeout must be a positive number of seconds, got {busy_timeout!r}")
+    if timeout > BUSY_TIMEOUT_MAX:
+        raise ValueError(
+            f"busy_timeout must be at most {BUSY_TIMEOUT_MAX} seconds (SQLite's limit, "
+            f"2**31 - 1 milliseconds: about 24.8 days), got {busy_timeout!r}"
+        )
     if clock is None:
         clock = time.time
     elif not callable(clock):
@@ -275,14 +292,20 @@ def _options(
 class SqliteStore:
     """The durable ``ExecutionStore`` for one machine (see the module docstring).
 
-    ``path`` is a database file, created if missing, or ``":memory:"``. ``codec``
+    ``path`` is a database file, created if missing, or ``":memory:"``; it is always a
+    file name, never a URI (``"file:x.db"`` is the file of that name). ``codec``
     encodes executions and values (default: :data:`JSON`; see :class:`JsonCodec` for the
     protocol and how to plug in an execution class of one's own).
     ``synchronous`` is SQLite's: ``"NORMAL"`` (a commit survives the process being
     killed; the last commits before a power loss or OS crash may be lost) or ``"FULL"``
     (an fsync per commit: it survives those too). ``busy_timeout`` is how long a call
-    waits for another writer before it gives up. ``clock`` gives the wall-clock seconds
+    waits for another writer before it gives up, in seconds, at most
+    :data:`BUSY_TIMEOUT_MAX` (about 24.8 days). ``clock`` gives the wall-clock seconds
     that leases are timed by (``time.time``: it must agree across processes).
+
+    A failure of the database itself (a file this process may read but not write, a
+    damaged file, a full disk) raises :class:`~harel_store.StoreError` chaining the
+    driver's error; a write that fails writes nothing.
     """
 
     preserves_identity = False
@@ -322,7 +345,8 @@ class SqliteStore:
         self._clock = clock
         try:
             conn = sqlite3.connect(
-                path,
+                _uri(path),
+                uri=True,
                 timeout=timeout,
                 isolation_level=None,
                 check_same_thread=False,
@@ -383,13 +407,15 @@ class SqliteStore:
         ``None`` when there is none."""
         if self._conn is None:
             raise _closed()
-        if type(execution_id) is not str:
-            _checks.str_id(execution_id, "execution_id")
+        _id(execution_id, "execution_id")
         with self._lock:  # _read_one, inlined: a load is the hottest read
             conn = self._conn
             if conn is None:
                 raise _closed()
-            row = conn.execute(_LOAD, (execution_id,)).fetchone()
+            try:
+                row = conn.execute(_LOAD, (execution_id,)).fetchone()
+            except sqlite3.Error as exc:
+                raise _read_failed(self._path, exc) from exc
         if row is None:
             return None
         exe = self._codec.decode_execution(row[1])
@@ -404,6 +430,7 @@ class SqliteStore:
         if self._conn is None:
             raise _closed()
         eid = _checks.durable_exe_id(exe)
+        _text(eid, "execution id")
         if epoch is not None:
             epoch = _checks.durable_epoch(epoch)
         version = _checks.durable_exe_version(exe)
@@ -417,8 +444,10 @@ class SqliteStore:
                 _cas(conn, eid, version, blob, epoch)
                 _checks.set_version(exe, version + 1)
                 conn.execute("COMMIT")
-            except BaseException:
+            except BaseException as exc:
                 _rollback(conn, exe, version)
+                if isinstance(exc, sqlite3.Error):
+                    raise _write_failed(self._path, exc) from exc
                 raise
 
     def commit(
@@ -448,6 +477,7 @@ class SqliteStore:
         body = _checks.commit_body(emits, processed_event_id, timers, spawns, trace, str_ids=True)
         if commit_id is not None:
             commit_id = _checks.as_commit_id(commit_id)
+        _texts(eid, body, commit_id)
         if epoch is not None:
             epoch = _checks.durable_epoch(epoch)
         version = _checks.durable_exe_version(exe)
@@ -515,16 +545,18 @@ class SqliteStore:
                     conn.execute(_BUMP)
                 _checks.set_version(exe, new)
                 conn.execute("COMMIT")
-            except BaseException:
+            except BaseException as exc:
                 _rollback(conn, exe, version)
+                if isinstance(exc, sqlite3.Error):
+                    raise _write_failed(self._path, exc) from exc
                 raise
 
     def is_processed(self, execution_id: str, event_id: str) -> bool:
         """Whether a commit of ``execution_id`` recorded ``event_id`` as handled."""
         if self._conn is None:
             raise _closed()
-        _checks.str_id(execution_id, "execution_id")
-        _checks.str_id(event_id, "event_id")
+        _id(execution_id, "execution_id")
+        _id(event_id, "event_id")
         row = self._read_one(
             "SELECT 1 FROM processed WHERE execution_id = ? AND event_id = ?",
             (execution_id, event_id),
@@ -614,8 +646,10 @@ class SqliteStore:
                     until = clock + lease
                     conn.executemany(_LEASE_TIMER, [(until, row[0]) for row in rows])
                 conn.execute("COMMIT")
-            except BaseException:
+            except BaseException as exc:
                 _rollback(conn)
+                if isinstance(exc, sqlite3.Error):
+                    raise _write_failed(self._path, exc) from exc
                 raise
         return [row[1:] for row in rows]
 
@@ -624,8 +658,8 @@ class SqliteStore:
         before a re-arm cannot delete the re-armed timer. Ends its lease."""
         if self._conn is None:
             raise _closed()
-        _checks.str_id(execution_id, "execution_id")
-        _checks.str_id(path, "path")
+        _id(execution_id, "execution_id")
+        _id(path, "path")
         fire_at = _checks.as_time(fire_at, "fire_at")
         self._write_one(
             "DELETE FROM timers WHERE execution_id = ? AND path = ? AND fire_at = ?",
@@ -642,7 +676,7 @@ class SqliteStore:
         """The recent steps of ``execution_id``, oldest first, decoded anew (or ``[]``)."""
         if self._conn is None:
             raise _closed()
-        _checks.str_id(execution_id, "execution_id")
+        _id(execution_id, "execution_id")
         rows = self._read(
             "SELECT idx, step FROM trace WHERE execution_id = ? ORDER BY n", (execution_id,)
         )
@@ -663,7 +697,7 @@ class SqliteStore:
         entries stay: they are owed to a relay. An unknown id is a no-op."""
         if self._conn is None:
             raise _closed()
-        _checks.str_id(execution_id, "execution_id")
+        _id(execution_id, "execution_id")
         with self._lock:
             conn = self._conn
             if conn is None:
@@ -673,8 +707,10 @@ class SqliteStore:
                 for sql in _FORGET:
                     conn.execute(sql, (execution_id,))
                 conn.execute("COMMIT")
-            except BaseException:
+            except BaseException as exc:
                 _rollback(conn)
+                if isinstance(exc, sqlite3.Error):
+                    raise _write_failed(self._path, exc) from exc
                 raise
 
     def stats(self) -> dict[str, int]:
@@ -712,7 +748,7 @@ class SqliteStore:
         if self._conn is None:
             raise _closed()
         step = _checks.trace_step(entry, "trace entry")
-        _checks.str_id(execution_id, "execution_id")
+        _id(execution_id, "execution_id")
         data = self._encode(step, "the trace entry")
         with self._lock:
             conn = self._conn
@@ -722,8 +758,10 @@ class SqliteStore:
             try:
                 self._push_step(conn, execution_id, data)
                 conn.execute("COMMIT")
-            except BaseException:
+            except BaseException as exc:
                 _rollback(conn)
+                if isinstance(exc, sqlite3.Error):
+                    raise _write_failed(self._path, exc) from exc
                 raise
 
     # --- copying (harel_store.copy_store) ----------------------------------------------
@@ -792,6 +830,8 @@ class SqliteStore:
                     yield ("spawn", entry)
                 last = dict(conn.execute(_LAST_SEQS).fetchall())
                 yield ("seqs", last.get("outbox", 0), last.get("spawns", 0))
+            except sqlite3.Error as exc:
+                raise _read_failed(self._path, exc) from exc
             finally:
                 if self._conn is conn and conn.in_transaction:
                     conn.execute("ROLLBACK")
@@ -821,10 +861,14 @@ class SqliteStore:
                         f"the records to copy hold the same thing twice ({exc}); "
                         "nothing was written"
                     ) from None
+                except UnicodeEncodeError as exc:  # the driver's, binding an id
+                    raise _not_utf8(exc.object, exc.start, "a text of a record to copy") from None
                 conn.execute("COMMIT")
-            except BaseException:
+            except BaseException as exc:
                 if self._conn is conn:
                     _rollback(conn)
+                if isinstance(exc, sqlite3.Error):
+                    raise _write_failed(self._path, exc) from exc
                 raise
 
     def _write_records(self, conn: sqlite3.Connection, records: Iterable[Any]) -> None:
@@ -889,14 +933,20 @@ class SqliteStore:
             conn = self._conn
             if conn is None:
                 raise _closed()
-            return conn.execute(sql, params).fetchall()
+            try:
+                return conn.execute(sql, params).fetchall()
+            except sqlite3.Error as exc:
+                raise _read_failed(self._path, exc) from exc
 
     def _read_one(self, sql: str, params: tuple[Any, ...]) -> Any:
         with self._lock:
             conn = self._conn
             if conn is None:
                 raise _closed()
-            return conn.execute(sql, params).fetchone()
+            try:
+                return conn.execute(sql, params).fetchone()
+            except sqlite3.Error as exc:
+                raise _read_failed(self._path, exc) from exc
 
     def _write_one(self, sql: str, params: tuple[Any, ...]) -> None:
         with self._lock:
@@ -907,8 +957,10 @@ class SqliteStore:
             try:
                 conn.execute(sql, params)
                 conn.execute("COMMIT")
-            except BaseException:
+            except BaseException as exc:
                 _rollback(conn)
+                if isinstance(exc, sqlite3.Error):
+                    raise _write_failed(self._path, exc) from exc
                 raise
 
     def _claim(self, table: str, limit: Any, lease: Any) -> list[tuple[Any, ...]]:
@@ -931,8 +983,10 @@ class SqliteStore:
                     until = clock + lease
                     conn.executemany(update, [(until, row[0]) for row in rows])
                 conn.execute("COMMIT")
-            except BaseException:
+            except BaseException as exc:
                 _rollback(conn)
+                if isinstance(exc, sqlite3.Error):
+                    raise _write_failed(self._path, exc) from exc
                 raise
         return rows
 
@@ -1022,13 +1076,63 @@ def _begin(conn: sqlite3.Connection, path: str) -> None:
     a lock held longer is a ``StoreError``, not the driver's ``database is locked``."""
     try:
         conn.execute("BEGIN IMMEDIATE")
-    except sqlite3.OperationalError as exc:
-        if not _is_busy(exc):
-            raise
+    except sqlite3.Error as exc:
+        if not (isinstance(exc, sqlite3.OperationalError) and _is_busy(exc)):
+            raise _write_failed(path, exc) from exc
         raise StoreError(
             f"the SQLite database {path!r} stayed locked by another writer for longer than "
             f"busy_timeout: nothing was written ({exc})"
         ) from exc
+
+
+def _write_failed(path: str, exc: sqlite3.Error) -> StoreError:
+    """The driver's error from a write transaction (rolled back), as the store's own: a
+    file it may read but not write, a damaged file, a full disk."""
+    return StoreError(f"writing to the SQLite database {path!r} failed, nothing was written: {exc}")
+
+
+def _read_failed(path: str, exc: sqlite3.Error) -> StoreError:
+    return StoreError(f"reading the SQLite database {path!r} failed: {exc}")
+
+
+def _id(value: Any, what: str) -> None:
+    """An id of a durable store (a ``str``) that SQLite can hold (see :func:`_text`)."""
+    if type(value) is not str:
+        _checks.str_id(value, what)
+    _text(value, what)
+
+
+def _text(text: Any, what: str, i: int = -1) -> None:
+    """Refuse a ``str`` that SQLite cannot hold, before anything is written (``what % i``
+    names it): the driver hands SQLite text as UTF-8, which has no lone surrogates."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise _not_utf8(text, exc.start, what if i < 0 else what % i) from None
+
+
+def _texts(eid: str, body: _checks.Body, commit_id: str | None) -> None:
+    """:func:`_text` for every id of a commit."""
+    _text(eid, "execution id")
+    if body.processed_event_id is not None:
+        _text(body.processed_event_id, "processed_event_id")
+    for i, (target, _) in enumerate(body.emits):
+        if target is not None:
+            _text(target, "emits[%d] target_id", i)
+    for i, op in enumerate(body.timers):
+        _text(op.path, "timers[%d].path", i)
+    for i, spawn in enumerate(body.spawns):
+        _text(spawn[0], "spawns[%d] child_id", i)
+    if commit_id is not None:
+        _text(commit_id, "commit_id")
+
+
+def _not_utf8(text: str, index: int, what: str) -> ValueError:
+    return ValueError(
+        f"SQLite text cannot hold lone surrogates: {what} {text!r} has {text[index]!r} "
+        f"at index {index}"
+    )
 
 
 def _rollback(conn: sqlite3.Connection, exe: Any = None, version: int | None = None) -> None:

@@ -15,8 +15,12 @@ import datetime
 import decimal
 import enum
 import math
+import os
 import pickle
+import shutil
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -311,6 +315,59 @@ def test_ids_are_strs(opened: Callable[..., SqliteStore], call: Any, bad: Any) -
     assert store.stats() == dict.fromkeys(store.stats(), 0)
 
 
+LONE = "a\udcff"  # a str with a lone surrogate: UTF-8, and so SQLite text, cannot hold it
+
+
+@pytest.mark.parametrize(
+    ("call", "named"),
+    [
+        (lambda s: s.commit(Execution(id=LONE), []), "execution id"),
+        (lambda s: s.save(Execution(id=LONE)), "execution id"),
+        (lambda s: s.commit(Execution(id="e1"), [("t", 1), (LONE, "ev")]), "emits[1] target_id"),
+        (lambda s: s.commit(Execution(id="e1"), [], LONE), "processed_event_id"),
+        (
+            lambda s: s.commit(Execution(id="e1"), [], timers=[TimerOp("cancel", LONE)]),
+            "timers[0].path",
+        ),
+        (
+            lambda s: s.commit(Execution(id="e1"), [], spawns=[(LONE, "r", {})]),
+            "spawns[0] child_id",
+        ),
+        (lambda s: s.commit(Execution(id="e1"), [], commit_id=LONE), "commit_id"),
+        (lambda s: s.append_trace(LONE, {}), "execution_id"),
+        (lambda s: s.load(LONE), "execution_id"),
+        (lambda s: s.is_processed("e1", LONE), "event_id"),
+        (lambda s: s.delete_timer("e1", LONE, 1.0), "path"),
+        (lambda s: s.forget(LONE), "execution_id"),
+        (lambda s: s.read_trace(LONE), "execution_id"),
+    ],
+)
+def test_an_id_sqlite_cannot_hold_is_a_value_error_naming_it(
+    opened: Callable[..., SqliteStore], call: Any, named: str
+) -> None:
+    store = opened()
+    store.commit(Execution(id="e1"), [("t", "first")], "v1", [TimerOp("schedule", "p", 1.0)])
+    before = everything(store)
+    with pytest.raises(ValueError) as info:
+        call(store)
+    assert str(info.value) == (
+        f"SQLite text cannot hold lone surrogates: {named} 'a\\udcff' has '\\udcff' at index 1"
+    )
+    assert everything(store) == before
+
+
+def test_a_copy_of_an_id_sqlite_cannot_hold_is_a_value_error(
+    opened: Callable[..., SqliteStore],
+) -> None:
+    src = harel_store.DictStore()
+    src.commit(Execution(id="e1"), [("t", 1)])
+    src.commit(Execution(id=LONE), [])
+    store = opened()
+    with pytest.raises(ValueError, match=r"lone surrogates: .* 'a\\udcff' has"):
+        harel_store.copy_store(src, store)
+    assert store.stats() == dict.fromkeys(store.stats(), 0)
+
+
 # --- a codec of one's own -------------------------------------------------------------
 
 
@@ -385,6 +442,15 @@ def test_a_codec_without_its_methods_is_refused(path: Path) -> None:
     for codec in (Half(), object(), "json"):
         with pytest.raises(TypeError, match="codec must have"):
             SqliteStore(path, codec=codec)
+    assert not path.exists()
+
+
+def test_a_codec_class_given_for_an_instance_is_refused(path: Path) -> None:
+    for opener in (SqliteStore, AsyncSqliteStore):
+        for codec in (JsonCodec, OrderCodec):
+            name = codec.__qualname__
+            with pytest.raises(TypeError, match=rf"not the class {name}: pass {name}\(\)"):
+                opener(path, codec=codec)
     assert not path.exists()
 
 
@@ -843,6 +909,133 @@ def test_a_lock_held_past_busy_timeout_is_a_store_error_with_nothing_written(
     assert exe.version == 2 and store.load("e1").version == 2
 
 
+def test_a_write_the_database_refuses_is_a_store_error_with_nothing_written(
+    opened: Callable[..., SqliteStore],
+) -> None:
+    """A file the process may read but not write, a damaged file, a full disk: the
+    driver's error, from a statement inside the transaction or from its ``BEGIN``, is a
+    ``StoreError`` that chains it, and the transaction is rolled back."""
+    store = opened()
+    exe = Execution(id="e1")
+    store.commit(exe, [("t", 1)], "v1", [TimerOp("schedule", "p", 1.0)], trace={"n": 1})
+    before = everything(store)
+    calls = {
+        "save": lambda: store.save(exe),
+        "commit": lambda: store.commit(exe, [("t", 2)], "v2", spawns=[("c1", "r", {})]),
+        "ack_outbox": lambda: store.ack_outbox(1),
+        "claim_outbox": lambda: store.claim_outbox(),
+        "claim_due_timers": lambda: store.claim_due_timers(5.0),
+        "delete_timer": lambda: store.delete_timer("e1", "p", 1.0),
+        "append_trace": lambda: store.append_trace("e1", {"n": 2}),
+        "forget": lambda: store.forget("e1"),
+    }
+    writes = {sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE}
+
+    def refuse_but_executions(action: int, table: str | None, *_: Any) -> int:
+        if action in writes and table != "executions":
+            return sqlite3.SQLITE_DENY
+        return sqlite3.SQLITE_OK
+
+    # A commit and a forget write the executions table, then fail on the next one.
+    store._conn.set_authorizer(refuse_but_executions)
+    for name, call in calls.items():
+        if name == "save":  # it writes the executions table only
+            continue
+        with pytest.raises(StoreError, match="failed, nothing was written: not author") as info:
+            call()
+        assert isinstance(info.value.__cause__, sqlite3.DatabaseError), name
+        assert exe.version == 1, name
+    store._conn.set_authorizer(None)
+    store._conn.execute("PRAGMA query_only = ON")  # now BEGIN IMMEDIATE fails
+    for name, call in calls.items():
+        with pytest.raises(StoreError, match="nothing was written: attempt to write a readonly"):
+            call()
+        assert exe.version == 1, name
+    store._conn.execute("PRAGMA query_only = OFF")
+    assert everything(store) == before
+    store.commit(exe, [("t", 2)])
+    assert exe.version == 2 and opened().load("e1").version == 2
+
+
+def test_a_read_the_database_refuses_is_a_store_error(opened: Callable[..., SqliteStore]) -> None:
+    store = opened()
+    store.commit(Execution(id="e1"), [("t", 1)])
+    calls = {
+        "load": lambda: store.load("e1"),
+        "is_processed": lambda: store.is_processed("e1", "v1"),
+        "pending_outbox": store.pending_outbox,
+        "pending_spawns": store.pending_spawns,
+        "due_timers": lambda: store.due_timers(1.0),
+        "read_trace": lambda: store.read_trace("e1"),
+        "stats": store.stats,
+        "wait_for_work": lambda: store.wait_for_work(0),
+        "copy_store": lambda: harel_store.copy_store(store, harel_store.DictStore()),
+    }
+    store._conn.set_authorizer(
+        lambda action, *_: (
+            sqlite3.SQLITE_DENY if action == sqlite3.SQLITE_SELECT else sqlite3.SQLITE_OK
+        )
+    )
+    for name, call in calls.items():
+        with pytest.raises(
+            StoreError, match="reading the SQLite database .* not authorized"
+        ) as info:
+            call()
+        assert isinstance(info.value.__cause__, sqlite3.DatabaseError), name
+    store._conn.set_authorizer(None)
+    assert store.load("e1").version == 1
+
+
+READ_ONLY_CHILD = """
+import sqlite3, sys
+from harel_store import StoreError
+from harel_store.sqlite import SqliteStore
+
+with SqliteStore(sys.argv[1]) as store:
+    exe = store.load("e1")
+    calls = {
+        "commit": lambda: store.commit(exe, [("t", 2)]),
+        "save": lambda: store.save(exe),
+        "ack_outbox": lambda: store.ack_outbox(1),
+        "claim_outbox": lambda: store.claim_outbox(),
+        "forget": lambda: store.forget("e1"),
+    }
+    for name, call in calls.items():
+        try:
+            call()
+        except StoreError as exc:
+            assert "readonly" in str(exc), (name, exc)
+            assert isinstance(exc.__cause__, sqlite3.OperationalError), (name, exc)
+        else:
+            raise AssertionError(f"{name} wrote to a read-only file")
+        assert exe.version == 1, name
+    assert [e.event for e in store.pending_outbox()] == [1]
+print("refused")
+"""
+
+
+def test_a_file_it_may_read_but_not_write_is_a_store_error_on_write(path: Path) -> None:
+    with SqliteStore(path) as store:
+        store.commit(Execution(id="e1"), [("t", 1)])
+    path.chmod(0o444)
+    command = [sys.executable, "-c", READ_ONLY_CHILD, str(path)]
+    if getattr(os, "geteuid", lambda: -1)() == 0:  # root writes any file: drop its capabilities
+        command = ["setpriv", "--bounding-set=-all", *command]
+        if (
+            shutil.which("setpriv") is None
+            or subprocess.run([*command[:2], "true"], check=False).returncode
+        ):
+            pytest.skip("running as root, and setpriv cannot drop the capabilities")
+    try:
+        done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120)
+    finally:
+        path.chmod(0o644)
+    assert done.stdout.strip() == "refused", done.stderr
+    with SqliteStore(path) as store:
+        assert store.load("e1").version == 1
+        assert [e.event for e in store.pending_outbox()] == [1]
+
+
 def test_the_default_is_normal_and_wal(opened: Callable[..., SqliteStore]) -> None:
     store = opened()
     assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 1
@@ -884,7 +1077,22 @@ def test_a_bad_busy_timeout_is_named_a_number_of_seconds(path: Path) -> None:
             opener(path, busy_timeout=True)
 
 
-@pytest.mark.parametrize(("bad", "error"), [(5, TypeError), (b"x.db", TypeError), ("", ValueError)])
+def test_a_busy_timeout_sqlite_cannot_hold_is_refused(path: Path) -> None:
+    """SQLite keeps it as an int of milliseconds: a longer one wrapped round to none."""
+    most = (2**31 - 1) / 1000
+    for opener in (SqliteStore, AsyncSqliteStore):
+        for bad in (most + 0.001, 3e6, 1e300, math.inf):
+            with pytest.raises(ValueError, match=r"busy_timeout must be at most 2147483\.647 s"):
+                opener(path, busy_timeout=bad)
+    assert not path.exists()
+    with SqliteStore(path, busy_timeout=most) as store:
+        assert store._conn.execute("PRAGMA busy_timeout").fetchone()[0] == 2**31 - 1
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [(5, TypeError), (b"x.db", TypeError), ("", ValueError), ("a\0.db", ValueError)],
+)
 def test_a_bad_path_is_refused(bad: Any, error: type[Exception]) -> None:
     with pytest.raises(error):
         SqliteStore(bad)
@@ -911,6 +1119,42 @@ def test_open_store_routes_sqlite_urls(tmp_path: Path, monkeypatch: pytest.Monke
             assert (await astore.load("e1")).version == 1
 
     asyncio.run(main())
+
+
+def test_a_path_is_a_file_name_never_a_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SQLite built with SQLITE_USE_URI reads a name that starts with 'file:' as a URI:
+    'file:orders.db' would be orders.db, 'file::memory:' a private database."""
+    monkeypatch.chdir(tmp_path)
+    names = ["file:orders.db", "file::memory:", "file:x.db?mode=ro", "100% #1 ünï.db"]
+    for name in names:
+        with SqliteStore(name) as store:
+            assert store.path == name
+            store.commit(Execution(id="e1"), [])
+        with SqliteStore(name) as store:  # a file, not a private database
+            assert store.load("e1").version == 1, name
+    for name in ("file:orders.db", "file::memory:"):
+        with harel_store.open_store(f"sqlite:///{name}") as store:
+            assert store.path == name and store.load("e1").version == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names)
+    absolute = tmp_path / "file:absolute.db"
+    with SqliteStore(absolute) as store:
+        store.commit(Execution(id="e1"), [])
+    assert absolute.exists()
+
+
+def test_a_path_ending_with_a_separator_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "there").mkdir()
+    for bad in ("data/", "there/", f"{tmp_path}{os.sep}data{os.sep}"):
+        for opener in (SqliteStore, AsyncSqliteStore):
+            with pytest.raises(ValueError, match="must name a file, not a directory"):
+                opener(bad)
+        with pytest.raises(ValueError, match="ends with a separator"):
+            harel_store.open_store(f"sqlite:///{bad}")
+    assert [p.name for p in tmp_path.iterdir()] == ["there"]
+    assert not any((tmp_path / "there").iterdir())
 
 
 def test_capabilities() -> None:

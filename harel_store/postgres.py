@@ -920,7 +920,7 @@ def _connect_timeout(core: _Core, deadline: float | None = None) -> dict[str, An
         except Exception:  # noqa: BLE001 - connecting reports a bad conninfo
             core.connect_timeout = False
     if not core.connect_timeout:
-        left = core.timeout if deadline is None else deadline - time.monotonic()
+        left = core.timeout if deadline is None else min(deadline - time.monotonic(), core.timeout)
         kwargs["connect_timeout"] = max(2, math.ceil(left))
     return kwargs
 
@@ -1170,14 +1170,16 @@ class _Pool:
     pool reconnects in the background, with a back-off that can keep calls waiting for
     seconds after the server is back.)"""
 
-    __slots__ = ("_core", "_freed", "_idle", "_open", "_waiting", "closed", "listener")
+    __slots__ = ("_core", "_freed", "_idle", "_open", "_waiters", "closed", "listener")
 
     def __init__(self, core: _Core) -> None:
         self._core = core
         self._idle: list[Any] = []
-        self._open = 0  # connections made and not closed: idle or in use
+        self._open = 0  # connections made and not closed: idle, in use, or being made
         self._freed = threading.Condition(threading.Lock())
-        self._waiting = 0  # threads in _freed.wait: put notifies only when there are some
+        # The threads waiting for a connection, oldest first: each a turn [handed, conn],
+        # handed a connection, or None: room to make one.
+        self._waiters: collections.deque[list[Any]] = collections.deque()
         self.closed = False
         self.listener: Any = None  # wait_for_work's connection, outside the count
 
@@ -1185,39 +1187,53 @@ class _Pool:
         """Keep ``conn`` (opened by the store) as an idle connection."""
         with self._freed:
             self._open += 1
-            self._idle.append(conn)
+            self._give(conn)
 
     def get(self) -> Any:
         """An idle connection, or a new one; raises ``StoreError`` when none comes
-        within the store's ``timeout``."""
+        within the store's ``timeout``. Threads that wait are served in the order they
+        came: a connection put back goes to the one that has waited longest."""
         core = self._core
         deadline = None  # read from the clock only when there is a wait
         while True:
             with self._freed:
                 if self.closed:
                     raise _closed()
-                conn = self._idle.pop() if self._idle else None
+                if self._waiters:
+                    conn = None  # in line behind them
+                elif self._idle:
+                    conn = self._idle.pop()
+                elif self._open < core.pool_size:
+                    self._open += 1
+                    break
+                else:
+                    conn = None
                 if conn is None:
                     if deadline is None:
                         deadline = time.monotonic() + core.timeout
-                    if self._open < core.pool_size:
-                        self._open += 1
-                        break
-                    left = deadline - time.monotonic()
-                    if left <= 0.0:
+                    turn = [False, None]
+                    self._waiters.append(turn)
+                    while not (turn[0] or self.closed):
+                        left = deadline - time.monotonic()
+                        if left <= 0.0:
+                            break
+                        self._freed.wait(left)
+                    if not turn[0]:
+                        self._waiters.remove(turn)
+                        if self.closed:
+                            raise _closed()
                         raise StoreError(
                             f"no connection to PostgreSQL ({core.describe()}) within "
                             f"{core.timeout:g} s: all {core.pool_size} of pool_size are in use"
                         )
-                    self._waiting += 1
-                    try:
-                        self._freed.wait(left)
-                    finally:
-                        self._waiting -= 1
-                    continue
+                    conn = turn[1]
+                    if conn is None:  # room for a new connection, kept for this thread
+                        break
             if _idle_sound(conn):
                 return conn
             self._discard(conn)
+        if deadline is None:
+            deadline = time.monotonic() + core.timeout
         try:
             return self._connect(deadline)
         except BaseException:
@@ -1225,15 +1241,23 @@ class _Pool:
             raise
 
     def put(self, conn: Any) -> None:
-        """Take back a connection from :meth:`get`: kept when it is idle and sound."""
+        """Take back a connection from :meth:`get`: handed to the thread that has waited
+        longest, else kept idle, when it is idle and sound."""
         broken = conn.closed or conn.pgconn.status != _CONN_OK
         with self._freed:
             if not (self.closed or broken or _in_transaction(conn)):
-                self._idle.append(conn)
-                if self._waiting:
-                    self._freed.notify()
+                self._give(conn)
                 return
         self._discard(conn)
+
+    def _give(self, conn: Any) -> None:
+        """With the lock held: ``conn`` to the longest waiting thread, else idle."""
+        if self._waiters:
+            turn = self._waiters.popleft()
+            turn[0], turn[1] = True, conn
+            self._freed.notify_all()
+        else:
+            self._idle.append(conn)
 
     def close(self) -> None:
         """Close every connection (one in use, when it comes back); idempotent."""
@@ -1274,10 +1298,15 @@ class _Pool:
                 return conn
 
     def _discard(self, conn: Any) -> None:
-        """Close a connection that leaves the pool (``None``: one that was never made)."""
+        """Close a connection that leaves the pool (``None``: one that was never made);
+        the room it leaves goes to the longest waiting thread."""
         with self._freed:
-            self._open -= 1
-            self._freed.notify()
+            if self._waiters and not self.closed:
+                turn = self._waiters.popleft()
+                turn[0], turn[1] = True, None
+                self._freed.notify_all()
+            else:
+                self._open -= 1
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.close()
@@ -1693,6 +1722,8 @@ class PostgresStore:
 
         pause = _RECONNECT_FIRST
         while True:
+            if pool.closed:  # by close() in another thread, which closed the listener
+                raise _closed()
             try:
                 if pool.listener is None and self._listen(pool, deadline):
                     return True
@@ -1711,6 +1742,8 @@ class PostgresStore:
                 return woken
             except psycopg.OperationalError as exc:
                 pool.drop_listener()
+                if pool.closed:
+                    raise _closed() from None
                 left = deadline - time.monotonic()
                 if left <= 0.0:
                     raise StoreError(
@@ -1910,6 +1943,8 @@ class PostgresStore:
         try:
             conn.execute(f'LISTEN "{core.channel}"')
             marks = conn.execute(core.sql.marks).fetchone()
+            if pool.closed:
+                raise _closed()
         except BaseException:
             conn.close()
             raise

@@ -1171,6 +1171,75 @@ def test_threads_waiting_on_one_store_each_keep_their_timeout(url: str, pg_schem
             long.join()
 
 
+def test_a_wait_for_work_without_end_returns_on_work(url: str, pg_schema: str) -> None:
+    """``timeout=inf`` waits for ever, also on the first call, which opens the
+    listening connection."""
+    with (
+        PostgresStore(url, schema=pg_schema) as store,
+        PostgresStore(url, schema=pg_schema) as writer,
+    ):
+        timer = threading.Timer(0.3, writer.commit, (Execution(id="e"), [("t", 1)]))
+        timer.start()
+        try:
+            assert store.wait_for_work(math.inf) is True
+        finally:
+            timer.join()
+
+
+def test_close_ends_a_wait_for_work_in_another_thread(url: str, pg_schema: str) -> None:
+    """A thread waiting when another closes the store gets ValueError at once, and no
+    connection is left open."""
+    app = f"harel-close-{uuid.uuid4().hex[:8]}"
+    named = f"{url}{'&' if '?' in url else '?'}application_name={app}"
+    store = PostgresStore(named, schema=pg_schema)
+    store.wait_for_work(0)
+    raised: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            store.wait_for_work(30.0)
+        except ValueError as exc:
+            raised.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.3)
+    start = time.monotonic()
+    store.close()
+    waiter.join(20)
+    assert not waiter.is_alive()
+    assert time.monotonic() - start < 10.0
+    assert raised and "closed" in str(raised[0])
+    deadline = time.monotonic() + 10
+    while backends(url, app) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert backends(url, app) == 0
+
+
+def test_a_thread_waiting_for_a_connection_is_served_in_turn(url: str, pg_schema: str) -> None:
+    """One thread calls back to back on the pool's only connection; another thread's call
+    gets it when it is next put back, not after the timeout."""
+    with PostgresStore(url, schema=pg_schema, pool_size=1, timeout=3.0) as store:
+        store.commit(Execution(id="x"), [])
+        stop = threading.Event()
+
+        def hammer() -> None:
+            while not stop.is_set():
+                store.load("x")
+
+        busy = threading.Thread(target=hammer)
+        busy.start()
+        try:
+            time.sleep(0.2)
+            for _ in range(20):
+                start = time.monotonic()
+                assert store.load("x") is not None
+                assert time.monotonic() - start < 2.0
+        finally:
+            stop.set()
+            busy.join()
+
+
 def test_the_async_pool_serves_waiting_calls_in_turn(url: str, pg_schema: str) -> None:
     """More tasks than connections, each calling back to back: a connection put back
     goes to the task that waited longest, so none waits out the timeout."""

@@ -301,7 +301,8 @@ class SqliteStore:
     (an fsync per commit: it survives those too). ``busy_timeout`` is how long a call
     waits for another writer before it gives up, in seconds, at most
     :data:`BUSY_TIMEOUT_MAX` (about 24.8 days). ``clock`` gives the wall-clock seconds
-    that leases are timed by (``time.time``: it must agree across processes).
+    that leases are timed by (``time.time``: it must agree across processes); a claim reads
+    it once it holds the write lock, so waiting for that lock takes nothing off the lease.
 
     A failure of the database itself (a file this process may read but not write, a
     damaged file, a full disk) raises :class:`~harel_store.StoreError` chaining the
@@ -634,13 +635,13 @@ class SqliteStore:
         lease = _checks.as_lease(lease)
         if not limit:
             return []
-        clock = self._now()
         with self._lock:
             conn = self._conn
             if conn is None:
                 raise _closed()
             _begin(conn, self._path)
             try:
+                clock = self._now()  # under the write lock: waiting for it takes no lease time
                 rows = conn.execute(_CLAIM_TIMERS, (now, clock, limit)).fetchall()
                 if rows:
                     until = clock + lease
@@ -971,13 +972,13 @@ class SqliteStore:
         if not limit:
             return []
         select, update = _CLAIM[table]
-        clock = self._now()
         with self._lock:
             conn = self._conn
             if conn is None:
                 raise _closed()
             _begin(conn, self._path)
             try:
+                clock = self._now()  # under the write lock: waiting for it takes no lease time
                 rows = conn.execute(select, (clock, limit)).fetchall()
                 if rows:
                     until = clock + lease

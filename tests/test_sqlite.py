@@ -1248,6 +1248,105 @@ def test_an_error_in_the_block_propagates_and_closes(path: Path) -> None:
         store.load("e1")
 
 
+# The claims, each handed a store and a lease, giving what it claimed: the seqs, or the
+# timers. The caller's now (200) says which timers are due, not the lease clock (100).
+LOCKED_CLAIMS: dict[str, Callable[[SqliteStore, float], list[Any]]] = {
+    "claim_outbox": lambda store, lease: [e.seq for e in store.claim_outbox(lease=lease)],
+    "claim_spawns": lambda store, lease: [e.seq for e in store.claim_spawns(lease=lease)],
+    "claim_due_timers": lambda store, lease: store.claim_due_timers(200.0, lease=lease),
+}
+LOCKED_CLAIMED = {
+    "claim_outbox": [1],
+    "claim_spawns": [1],
+    "claim_due_timers": [("e1", "p", 150.0)],
+}
+
+
+def _one_of_each(store: SqliteStore) -> None:
+    store.commit(
+        Execution(id="e1"),
+        [("t", "x")],
+        timers=[TimerOp("schedule", "p", 150.0)],
+        spawns=[("c", "r", {})],
+    )
+
+
+@pytest.mark.parametrize("claim", list(LOCKED_CLAIMS))
+def test_a_claim_that_waits_for_the_write_lock_times_its_lease_from_when_it_holds_it(
+    opened: Callable[..., SqliteStore], path: Path, claim: str
+) -> None:
+    """The clock runs on while another writer holds the lock: a claim reads it once it
+    holds the lock, so its wait takes nothing off the lease, and no other claim gets its
+    items while the lease lives."""
+    now = [0.0]
+    a, b = opened(clock=lambda: now[0]), opened(clock=lambda: now[0])
+    _one_of_each(a)
+    call = LOCKED_CLAIMS[claim]
+    got: list[Any] = []
+
+    def claim_a() -> None:
+        try:
+            got.append(call(a, 10.0))
+        except Exception as exc:  # noqa: BLE001 - shown by the asserts below
+            got.append(exc)
+
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another writer that keeps the lock
+    claimer = threading.Thread(target=claim_a)
+    try:
+        claimer.start()
+        # Once the claimer holds the store object's lock, it has made any clock reading
+        # it makes before the write lock, and waits (or is about to) for that lock.
+        deadline = time.monotonic() + 30.0
+        while a._lock.acquire(blocking=False):
+            a._lock.release()
+            assert time.monotonic() < deadline and claimer.is_alive(), got
+            time.sleep(0.005)
+        now[0] = 100.0  # while the lock is held
+    finally:
+        holder.execute("COMMIT")
+        holder.close()
+        claimer.join(60.0)
+    assert not claimer.is_alive()
+    assert got == [LOCKED_CLAIMED[claim]], "the waiting claim got its items"
+    assert call(b, 10.0) == [], "a claim right after got the items of a live lease"
+    now[0] = 109.5
+    assert call(b, 10.0) == [], "the lease ran out early"
+    now[0] = 110.0  # the lease was timed from 100: the moment the claim held the lock
+    assert call(b, 10.0) == LOCKED_CLAIMED[claim]
+
+
+@pytest.mark.parametrize("reading", ["raises", math.nan], ids=["raises", "nan"])
+@pytest.mark.parametrize("claim", list(LOCKED_CLAIMS))
+def test_a_clock_failing_under_the_write_lock_rolls_the_claim_back(
+    opened: Callable[..., SqliteStore], path: Path, claim: str, reading: Any
+) -> None:
+    """The clock is read inside the claim's transaction: a reading that fails, or is
+    refused, ends that transaction with nothing leased and the write lock free."""
+    readings: list[Any] = [reading]
+
+    def clock() -> float:
+        value = readings.pop() if readings else 100.0
+        if value == "raises":
+            raise RuntimeError("the clock broke")
+        return float(value)
+
+    store = opened(clock=clock)
+    _one_of_each(store)
+    with pytest.raises(RuntimeError if reading == "raises" else ValueError, match="clock"):
+        LOCKED_CLAIMS[claim](store, 10.0)
+    assert not readings, "the clock was not read"
+    assert store._conn is not None and not store._conn.in_transaction
+    other = sqlite3.connect(path, isolation_level=None, timeout=0)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # the write lock is free at once
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+    # nothing was leased: another store object claims the items at once
+    assert LOCKED_CLAIMS[claim](opened(clock=lambda: 100.0), 10.0) == LOCKED_CLAIMED[claim]
+
+
 # --- the async twin ----------------------------------------------------------------------
 
 

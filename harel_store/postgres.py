@@ -376,6 +376,7 @@ RETURNING t.fire_at, t.seq, t.execution_id, t.path"""
             ("trace_index", "execution_id"),
             ("commit_ids", "execution_id"),
         ]
+        self.lock = f"SELECT FROM {s}.executions WHERE id = %s FOR UPDATE"
         self.forget = (
             "WITH "
             + ", ".join(
@@ -742,28 +743,33 @@ class _Core:
             bool(children),
             bool(step),
         )
-        rows = yield _Query(self.sql.commit(shape), params, True, unique=True)
-        if rows is not _UNIQUE:
-            ok, found, found_epoch, done, done_version = rows[0][:5]
+        for _ in range(2):
+            rows = yield _Query(self.sql.commit(shape), params, True, unique=True)
+            if rows is not _UNIQUE:
+                ok, found, found_epoch, done, done_version = rows[0][:5]
+                if done is not None:
+                    return self._replayed(exe, eid, commit_id, digest[0], done, done_version)
+                if ok:
+                    _checks.set_version(exe, version + 1)
+                    return None
+                if commit_id is None and found is not None:
+                    if epoch is not None and found_epoch is not None and found_epoch > epoch:
+                        raise StaleWriter(eid, epoch, found_epoch)
+                    if found != version:
+                        raise StoreConflict(eid, version, found)
+            # Refused by a writer the statement did not see (a concurrent first write, an
+            # update or a forget after its snapshot), or a unique violation on the commit
+            # id: another try of this very commit may have landed. Look again.
+            rows = yield _Query(self.sql.recheck, {"id": eid, "cid": cid})
+            found, found_epoch, done, done_version = rows[0]
             if done is not None:
                 return self._replayed(exe, eid, commit_id, digest[0], done, done_version)
-            if ok:
-                _checks.set_version(exe, version + 1)
-                return None
-            if commit_id is None and found is not None:
-                if epoch is not None and found_epoch is not None and found_epoch > epoch:
-                    raise StaleWriter(eid, epoch, found_epoch)
-                if found != version:
-                    raise StoreConflict(eid, version, found)
-        # Refused by a writer the statement did not see (a concurrent first write, or an
-        # update after its snapshot), or a unique violation on the commit id: another
-        # try of this very commit may have landed. Look again.
-        rows = yield _Query(self.sql.recheck, {"id": eid, "cid": cid})
-        found, found_epoch, done, done_version = rows[0]
-        if done is not None:
-            return self._replayed(exe, eid, commit_id, digest[0], done, done_version)
-        if epoch is not None and found_epoch is not None and found_epoch > epoch:
-            raise StaleWriter(eid, epoch, found_epoch)
+            if epoch is not None and found_epoch is not None and found_epoch > epoch:
+                raise StaleWriter(eid, epoch, found_epoch)
+            if found is not None and found != version:
+                break
+            # No row now (forgotten meanwhile), or the version this commit expects: it
+            # wrote nothing, so it may run once more, on a snapshot that sees why.
         raise StoreConflict(eid, version, found)
 
     def _replayed(
@@ -847,7 +853,12 @@ class _Core:
 
     def forget(self, execution_id: Any) -> _Op:
         _checks.str_id(execution_id, "execution_id")
+        # The execution's row is locked first: a commit in flight holds it until it has
+        # landed, and the deletes, a statement later, see everything it wrote.
+        yield _Query("BEGIN")
+        yield _Query(self.sql.lock, (execution_id,), True)
         yield _Query(self.sql.forget, {"id": execution_id}, True)
+        yield _Query("COMMIT")
 
     def stats(self) -> _Op:
         rows = yield _Query(self.sql.stats)
@@ -1691,7 +1702,7 @@ class PostgresStore:
 
     def forget(self, execution_id: str) -> None:
         """Drop an execution with its processed marks, armed timers, trace ring, trace
-        index, commit ids and writer epoch, in one statement. Pending outbox and spawn
+        index, commit ids and writer epoch, in one transaction. Pending outbox and spawn
         entries stay: they are owed to a relay. An unknown id is a no-op."""
         self._run("forget", execution_id)
 

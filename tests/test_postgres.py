@@ -1240,6 +1240,45 @@ def test_a_thread_waiting_for_a_connection_is_served_in_turn(url: str, pg_schema
             busy.join()
 
 
+def test_forget_racing_a_commit_ends_as_one_or_the_other(url: str, pg_schema: str) -> None:
+    """A commit and a forget of the same execution, from two store objects at once: the
+    outcome is one of the two serial orders, never orphaned marks, timers or trace of a
+    forgotten execution, nor a conflict with no row to conflict with."""
+    with PostgresStore(url, schema=pg_schema) as a, PostgresStore(url, schema=pg_schema) as b:
+        outcomes: Counter[tuple[str, bool, bool]] = Counter()
+        for i in range(40):
+            exe = Execution(id=f"e{i}")
+            a.commit(exe, [])
+            gate = threading.Barrier(2)
+            result: list[str] = []
+
+            def commit(
+                exe: Execution = exe, gate: threading.Barrier = gate, result: list[str] = result
+            ) -> None:
+                gate.wait()
+                try:
+                    a.commit(exe, [(None, {"n": n}) for n in range(300)], "evt",
+                             [TimerOp("schedule", "p", 1.0)], trace={"s": 1}, commit_id="c1")  # fmt: skip
+                    result.append("landed")
+                except StoreConflict as exc:
+                    result.append(f"conflict {exc.found}")
+
+            def forget(eid: str = exe.id, gate: threading.Barrier = gate) -> None:
+                gate.wait()
+                b.forget(eid)
+
+            threads = [threading.Thread(target=commit), threading.Thread(target=forget)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            outcomes[(result[0], a.load(exe.id) is not None, a.is_processed(exe.id, "evt"))] += 1
+        serial = {("landed", True, True), ("landed", False, False)}
+        assert set(outcomes) <= serial, outcomes
+        stats = a.stats()
+        assert stats["processed"] == stats["timers"] == stats["traces"] == stats["executions"]
+
+
 def test_the_async_pool_serves_waiting_calls_in_turn(url: str, pg_schema: str) -> None:
     """More tasks than connections, each calling back to back: a connection put back
     goes to the task that waited longest, so none waits out the timeout."""

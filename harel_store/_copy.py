@@ -96,6 +96,31 @@ PROGRESS_EVERY = 1000  # records between two calls of a progress callback
 PROGRESS_INTERVAL = 1.0  # seconds before the command line shows progress, and between lines
 
 
+class Uncopyable:
+    """A durable store refuses ``copy``, ``deepcopy`` and pickling: a copy would share
+    its connections (closing one would close the other's). ``_copy_hint`` says what to
+    do instead."""
+
+    __slots__ = ()
+    _copy_hint = "open another store on the same database"
+
+    def _refused(self) -> TypeError:
+        name = type(self).__name__
+        return TypeError(
+            f"{name} objects cannot be copied or pickled (a copy would share its "
+            f"connections): {self._copy_hint}"
+        )
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise self._refused()
+
+    def __copy__(self) -> Any:
+        raise self._refused()
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        raise self._refused()
+
+
 class _Unequal:
     """Compares equal to nothing but itself: fills a :class:`Digest`'s five items, so a
     memory store's cheap field-by-field replay check always falls through to the full

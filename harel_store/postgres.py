@@ -169,12 +169,6 @@ _TIMEOUT_MAX = threading.TIMEOUT_MAX  # the longest wait a lock takes
 _RECONNECT_FIRST, _RECONNECT_MAX = 0.05, 1.0  # pauses between tries to connect, in seconds
 
 
-_COPY_REFUSED = (
-    "a {} cannot be copied or pickled (a copy would share its connections): "
-    "open another store on the same conninfo and schema"
-)
-
-
 def _closed() -> ValueError:
     return ValueError("I/O operation on a closed store")
 
@@ -1508,7 +1502,7 @@ def _retrieved(task: asyncio.Future[None]) -> None:
 _NO_RETRY = frozenset(["commit", "save", "record_trace"])
 
 
-class PostgresStore:
+class PostgresStore(_copy.Uncopyable):
     """The durable ``ExecutionStore`` on PostgreSQL (see the module docstring).
 
     ``conninfo`` is a libpq URL (``postgresql://user@host:5432/db``) or key=value string,
@@ -1526,6 +1520,7 @@ class PostgresStore:
 
     preserves_identity = False
     durable = True
+    _copy_hint = "open another store on the same conninfo and schema"
 
     __slots__ = ("__weakref__", "_core", "_listening", "_pool")
 
@@ -1571,15 +1566,6 @@ class PostgresStore:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        raise TypeError(_COPY_REFUSED.format(type(self).__name__))
-
-    def __copy__(self) -> Any:
-        raise TypeError(_COPY_REFUSED.format(type(self).__name__))
-
-    def __deepcopy__(self, memo: Any) -> Any:
-        raise TypeError(_COPY_REFUSED.format(type(self).__name__))
 
     @property
     def schema(self) -> str:
@@ -1963,7 +1949,7 @@ class PostgresStore:
         return core.marks_moved(marks)
 
 
-class AsyncPostgresStore:
+class AsyncPostgresStore(_copy.Uncopyable):
     """The ``async`` twin of :class:`PostgresStore`, with the same arguments, on
     psycopg's async connections: no call blocks the event loop.
 
@@ -1979,6 +1965,7 @@ class AsyncPostgresStore:
 
     preserves_identity = False
     durable = True
+    _copy_hint = "open another store on the same conninfo and schema"
 
     def __init__(
         self,
@@ -2014,15 +2001,6 @@ class AsyncPostgresStore:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        raise TypeError(_COPY_REFUSED.format(type(self).__name__))
-
-    def __copy__(self) -> Any:
-        raise TypeError(_COPY_REFUSED.format(type(self).__name__))
-
-    def __deepcopy__(self, memo: Any) -> Any:
-        raise TypeError(_COPY_REFUSED.format(type(self).__name__))
 
     @property
     def schema(self) -> str:

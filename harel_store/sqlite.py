@@ -229,12 +229,6 @@ _RESTORE = {
 _BATCH = 500  # rows per executemany while restoring
 
 
-_COPY_REFUSED = (
-    "{} objects cannot be copied or pickled (a copy would share the database connection): "
-    "open another store on the same file"
-)
-
-
 def _closed() -> ValueError:
     return ValueError("I/O operation on a closed store")
 
@@ -289,7 +283,7 @@ def _options(
     return path, size, codec, synchronous.upper(), timeout, clock
 
 
-class SqliteStore:
+class SqliteStore(_copy.Uncopyable):
     """The durable ``ExecutionStore`` for one machine (see the module docstring).
 
     ``path`` is a database file, created if missing, or ``":memory:"``; it is always a
@@ -311,6 +305,7 @@ class SqliteStore:
 
     preserves_identity = False
     durable = True
+    _copy_hint = "open another store on the same file"
 
     __slots__ = (
         "__weakref__",
@@ -376,15 +371,6 @@ class SqliteStore:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        raise TypeError(_COPY_REFUSED.format(type(self).__name__))
-
-    def __copy__(self) -> Any:
-        raise TypeError(_COPY_REFUSED.format(type(self).__name__))
-
-    def __deepcopy__(self, memo: Any) -> Any:
-        raise TypeError(_COPY_REFUSED.format(type(self).__name__))
 
     @property
     def path(self) -> str:
@@ -1227,7 +1213,7 @@ def _schema_version(conn: sqlite3.Connection, path: str) -> int:
     return version
 
 
-class AsyncSqliteStore:
+class AsyncSqliteStore(_copy.Uncopyable):
     """The ``async`` twin of :class:`SqliteStore`, with the same arguments.
 
     Each method runs the sync store's method on one thread of its own (a single-worker
@@ -1246,6 +1232,7 @@ class AsyncSqliteStore:
 
     preserves_identity = False
     durable = True
+    _copy_hint = "open another store on the same file"
 
     def __init__(
         self,
@@ -1288,15 +1275,6 @@ class AsyncSqliteStore:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        raise TypeError(_COPY_REFUSED.format(type(self).__name__))
-
-    def __copy__(self) -> Any:
-        raise TypeError(_COPY_REFUSED.format(type(self).__name__))
-
-    def __deepcopy__(self, memo: Any) -> Any:
-        raise TypeError(_COPY_REFUSED.format(type(self).__name__))
 
     @property
     def path(self) -> str:

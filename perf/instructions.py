@@ -9,6 +9,7 @@ The collector's work that the commits cause is counted, as in ``commit_typical``
     python perf/instructions.py                  # compiled, pure and spec, 1,000 commits
     python perf/instructions.py --impl pure,spec --commits 2000
     python perf/instructions.py --case id_epoch  # with a fresh commit_id and epoch=1
+    python perf/instructions.py --case replayed  # each id_epoch commit sent again
 
 Needs ``valgrind`` on the PATH. Each implementation is counted in its own process:
 ``python perf/instructions.py --inner IMPL N`` runs the commits, and the counting is
@@ -35,13 +36,14 @@ import bench_store
 COLLECTED = re.compile(r"Collected : (\d+)")
 
 
-CASES = ("typical", "id_epoch")
+CASES = ("typical", "id_epoch", "replayed")
 
 
 def inner(impl_name: str, commits: int, case: str = "typical") -> None:
     """The counted loop: ``commits`` typical commits into a fresh commit store; with
     ``case="id_epoch"`` each also with a fresh ``commit_id`` and ``epoch=1``, as
-    ``bench_store.py``'s ``commit_typical_id_epoch``."""
+    ``bench_store.py``'s ``commit_typical_id_epoch``; with ``case="replayed"`` those
+    commits land first, uncounted, and the loop sends each again, as ``commit_replayed``."""
     impl = bench_store.load_impl(impl_name)
     sizes = bench_store.Sizes()
     store = bench_store.commit_store(impl, sizes)
@@ -61,10 +63,16 @@ def inner(impl_name: str, commits: int, case: str = "typical") -> None:
             exe, emits, processed_event_id=event_id, timers=rearm, spawns=spawns, trace=step,
             commit_id=commit_id, epoch=1,
         )  # fmt: skip
+        if case == "replayed":
+            for call in calls:
+                one(*call)
+    version = exe.version
     bench_store.settle()
     deque(starmap(one, calls), maxlen=0)
     if not store.is_processed("exe-0", work[-1][0]):
         raise RuntimeError("the typical commits did not commit")
+    if case == "replayed" and exe.version != version:
+        raise RuntimeError("the replayed commits wrote something")
 
 
 def count(impl_name: str, commits: int, case: str = "typical") -> int:
@@ -92,8 +100,8 @@ def main() -> None:
     parser.add_argument("--commits", type=int, default=1000, help="commits counted (default: 1000)")
     parser.add_argument(
         "--case", default="typical", choices=CASES,
-        help="the typical commit, or the same with a fresh commit_id and epoch=1 "
-        "(compiled and pure only: the spec port has neither)",
+        help="the typical commit, the same with a fresh commit_id and epoch=1, or its "
+        "replay (compiled and pure only: the spec port has neither)",
     )  # fmt: skip
     parser.add_argument("--inner", nargs=3, metavar=("IMPL", "N", "CASE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -110,7 +118,11 @@ def main() -> None:
             parser.error(f"--case {args.case} is not a commit the spec port has")
         impls = tuple(name for name in impls if name != "spec")
     per_commit = {name: count(name, args.commits, args.case) / args.commits for name in impls}
-    what = "typical commit" if args.case == "typical" else "typical commit with commit_id and epoch"
+    what = {
+        "typical": "typical commit",
+        "id_epoch": "typical commit with commit_id and epoch",
+        "replayed": "replay of a typical commit with commit_id and epoch",
+    }[args.case]
     print(f"Instructions per {what} ({args.commits:,} commits, callgrind):")
     for name, n in per_commit.items():
         line = f"  {name:9} {n:9,.0f}"

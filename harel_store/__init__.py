@@ -7,8 +7,7 @@ from ._open import open_async_store, open_store
 from ._protocols import AsyncExecutionStore, ExecutionStore
 from ._records import DEFAULT_TRACE_MAX, Execution, OutboxEntry, SpawnEntry, TimerOp
 from ._store import IMPLEMENTATION, DictStore
-
-__version__ = "0.2.0"
+from ._version import __version__
 
 __all__ = [
     "DEFAULT_TRACE_MAX",

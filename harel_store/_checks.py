@@ -16,6 +16,7 @@ from numbers import Real
 from sys import maxsize as MAX_SIZE
 from typing import Any, NamedTuple
 
+from ._digest import Digest
 from ._records import OutboxEntry, SpawnEntry, TimerOp
 
 _new = tuple.__new__
@@ -265,6 +266,25 @@ def str_id(value: Any, what: str) -> str:
     return value
 
 
+# An id is a key of the durable stores' indexes, two to an index entry: PostgreSQL refuses
+# an entry past about 2,700 bytes, so each id is held well below half of that.
+KEY_BYTES_MAX = 1000
+
+
+def durable_key(value: str, what: str, i: int = -1) -> None:
+    """Refuse a ``str`` id longer than :data:`KEY_BYTES_MAX` bytes in UTF-8, as every
+    durable store does before it writes (``what % i`` names it)."""
+    if (
+        len(value) * 4 > KEY_BYTES_MAX
+        and len(value.encode("utf-8", "surrogatepass")) > KEY_BYTES_MAX
+    ):
+        name = what if i < 0 else what % i
+        raise ValueError(
+            f"{name} is {len(value.encode('utf-8', 'surrogatepass')):,} bytes in UTF-8; a "
+            f"durable store holds ids of at most {KEY_BYTES_MAX:,} bytes"
+        )
+
+
 class Body(NamedTuple):
     """A commit's input, checked and normalized: what a durable store writes, and what a
     replayed ``commit_id`` is compared with."""
@@ -320,7 +340,6 @@ def restored_body(body: Any, commit_id: Any) -> tuple[Any, ...]:
     store keeps: emits as ``(target_id, event)`` pairs,
     the processed id, checked timer ops, spawns as ``(child_id, root_path,
     context)``, the trace step or ``None``."""
-    from ._copy import Digest  # imported here: _copy imports this module
 
     if type(body) is Digest:  # a durable store's record of a body: immutable, compared as is
         if tuple.__len__(body) != 5:

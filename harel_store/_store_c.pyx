@@ -13,7 +13,8 @@ from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.ref cimport PyObject, Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM
 
-from . import _checks, _copy
+from . import _checks, _transfer
+from . import _digest
 from ._errors import IdempotencyConflict, StaleWriter, StoreConflict
 from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
 from ._records import Execution as _Exe
@@ -1063,7 +1064,7 @@ cdef class DictStore:
         self._busy = True
         try:
             if self._slots or len(self._outbox) or len(self._spawns):
-                raise _copy.not_empty(self, {
+                raise _transfer.not_empty(self, {
                     "executions": self._n_exes, "processed marks": self._n_marks,
                     "timers": self._n_timers, "trace rings": self._n_rings,
                     "outbox entries": len(self._outbox), "spawn intents": len(self._spawns),
@@ -1107,7 +1108,7 @@ cdef class DictStore:
                     version = _checks.as_int(version, "commit version")
                     body = _checks.restored_body(body, commit_id)
                     if (
-                        type(body) is not tuple and type(body) is not _copy.Digest
+                        type(body) is not tuple and type(body) is not _digest.Digest
                     ) or PyTuple_GET_SIZE(body) != 5:
                         raise RuntimeError(
                             f"harel_store._checks.restored_body returned {body!r}, not a body: "
@@ -1176,7 +1177,7 @@ cdef class DictStore:
                     seq = _checks.restored_counter(record[1], "outbox seq")
                     spawn_seq = _checks.restored_counter(record[2], "spawn seq")
                 elif kind != "total":
-                    _copy.check_kind(kind)
+                    _transfer.check_kind(kind)
 
             self._slots = slots
             self._outbox = outbox

@@ -40,7 +40,7 @@ from math import isnan
 from time import monotonic
 from typing import Any
 
-from . import _checks, _copy
+from . import _checks, _transfer
 from ._errors import IdempotencyConflict, StaleWriter, StoreConflict
 from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
 
@@ -1030,7 +1030,7 @@ class DictStore:
         self._busy = True
         try:
             if self._slots or len(self._outbox) or len(self._spawns):
-                raise _copy.not_empty(self, {
+                raise _transfer.not_empty(self, {
                     "executions": self._n_exes, "processed marks": self._n_marks,
                     "timers": self._n_timers, "trace rings": self._n_rings,
                     "outbox entries": len(self._outbox), "spawn intents": len(self._spawns),
@@ -1142,7 +1142,7 @@ class DictStore:
                     seq = _checks.restored_counter(record[1], "outbox seq")
                     spawn_seq = _checks.restored_counter(record[2], "spawn seq")
                 elif kind != "total":
-                    _copy.check_kind(kind)
+                    _transfer.check_kind(kind)
 
             # Install: no caller code runs from here on.
             self._slots = slots

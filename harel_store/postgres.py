@@ -92,8 +92,9 @@ import weakref
 from collections.abc import Generator, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import _checks, _codec, _copy
+from . import _checks, _codec, _transfer
 from ._codec import JSON
+from ._digest import Digest, body_digest
 from ._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError
 from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
 
@@ -877,10 +878,10 @@ class _Core:
 
     def _digest(self, body: _checks.Body, commit_id: str) -> bytes:
         """What a replay of ``commit_id`` is compared with: a SHA-256 of the body in the
-        codec's canonical encoding (:func:`harel_store._copy.body_digest`, as every
+        codec's canonical encoding (:func:`harel_store.body_digest`, as every
         durable store)."""
         try:
-            return _copy.body_digest(self.canonical, body)
+            return body_digest(self.canonical, body)
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             raise TypeError(f"cannot encode the body of commit {commit_id!r}: {exc}") from exc
 
@@ -1502,7 +1503,7 @@ def _retrieved(task: asyncio.Future[None]) -> None:
 _NO_RETRY = frozenset(["commit", "save", "record_trace"])
 
 
-class PostgresStore(_copy.Uncopyable):
+class PostgresStore(_transfer.Uncopyable):
     """The durable ``ExecutionStore`` on PostgreSQL (see the module docstring).
 
     ``conninfo`` is a libpq URL (``postgresql://user@host:5432/db``) or key=value string,
@@ -1766,7 +1767,7 @@ class PostgresStore(_copy.Uncopyable):
         in one ``REPEATABLE READ`` transaction (a snapshot, while other store objects go
         on writing) through server-side cursors, so a large store streams. A connection
         of the pool is taken until the iterator is exhausted or closed. Commit bodies
-        come as :class:`~harel_store._copy.Digest` objects of the codec's canonical
+        come as :class:`~harel_store.Digest` objects of the codec's canonical
         encoding."""
         pool = self._open_pool()
         core = self._core
@@ -1791,7 +1792,7 @@ class PostgresStore(_copy.Uncopyable):
                 for eid, event_id in rows("mark"):
                     yield ("mark", eid, event_id)
                 for eid, commit_id, version, digest in rows("commit"):
-                    digest = _copy.Digest(bytes(digest), core.canonical)
+                    digest = Digest(bytes(digest), core.canonical)
                     yield ("commit", eid, commit_id, version, digest)
                 ring: tuple[str, int, list[Any]] | None = None
                 for eid, next_index, idx, data in rows("trace"):
@@ -1824,7 +1825,7 @@ class PostgresStore(_copy.Uncopyable):
         :class:`~harel_store.StoreError`) in one transaction, which locks the tables
         against other writers and checks emptiness first: all or nothing. Ids must be
         ``str`` (else ``TypeError``); commit bodies are digested with this store's codec (a
-        :class:`~harel_store._copy.Digest` of the same encoding is taken as it is); each
+        :class:`~harel_store.Digest` of the same encoding is taken as it is); each
         ring keeps its last ``trace_max`` steps. Seqs continue after the copied ones;
         waiting relays are woken."""
         import psycopg
@@ -1837,7 +1838,7 @@ class PostgresStore(_copy.Uncopyable):
                 conn.execute(restore["lock"])
                 held = conn.execute(restore["held"]).fetchone()
                 if any(held):
-                    raise _copy.not_empty(self, dict(zip((what for _, what in _COPIED), held)))
+                    raise _transfer.not_empty(self, dict(zip((what for _, what in _COPIED), held)))
                 try:
                     self._write_records(conn, records)
                 except psycopg.errors.UniqueViolation as exc:
@@ -1875,7 +1876,7 @@ class PostgresStore(_copy.Uncopyable):
             return _pack(core._encode(value, what))
 
         seqs: tuple[int, int] = (0, 0)
-        rows = _copy.durable_rows(
+        rows = _transfer.durable_rows(
             records, encode=encode, encode_exe=lambda exe, eid: _pack(core._encode_exe(exe, eid)),
             canonical=core.canonical, digest=core._digest, keep=core.trace_max,
         )  # fmt: skip
@@ -1949,7 +1950,7 @@ class PostgresStore(_copy.Uncopyable):
         return core.marks_moved(marks)
 
 
-class AsyncPostgresStore(_copy.Uncopyable):
+class AsyncPostgresStore(_transfer.Uncopyable):
     """The ``async`` twin of :class:`PostgresStore`, with the same arguments, on
     psycopg's async connections: no call blocks the event loop.
 

@@ -60,9 +60,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from . import _checks, _codec, _copy
+from . import _checks, _codec, _transfer
 from ._codec import JSON, Codec, JsonCodec
-from ._copy import Digest
+from ._digest import Digest
 from ._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError
 from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
 
@@ -219,7 +219,7 @@ _RESTORE_EMIT = "INSERT INTO outbox (seq, target_id, event) VALUES (?, ?, ?)"
 _RESTORE_SPAWN = (
     "INSERT INTO spawns (seq, parent_id, child_id, root_path, context) VALUES (?, ?, ?, ?, ?)"
 )
-# The statement of a restore per kind of row of _copy.durable_rows, each with a batch of
+# The statement of a restore per kind of row of _transfer.durable_rows, each with a batch of
 # rows (no table refers to another).
 _RESTORE = {
     "execution": _INSERT, "mark": _RESTORE_MARK, "commit": _RECORD, "step": _RESTORE_STEP,
@@ -283,7 +283,7 @@ def _options(
     return path, size, codec, synchronous.upper(), timeout, clock
 
 
-class SqliteStore(_copy.Uncopyable):
+class SqliteStore(_transfer.Uncopyable):
     """The durable ``ExecutionStore`` for one machine (see the module docstring).
 
     ``path`` is a database file, created if missing, or ``":memory:"``; it is always a
@@ -758,7 +758,7 @@ class SqliteStore(_copy.Uncopyable):
         read in one read transaction: a snapshot, while other store objects go on
         writing. This object's lock is held until the iterator is exhausted or closed, so
         other threads' calls on it wait meanwhile. Commit bodies come as
-        :class:`~harel_store._copy.Digest` objects of the codec's canonical encoding."""
+        :class:`~harel_store.Digest` objects of the codec's canonical encoding."""
         if self._conn is None:
             raise _closed()
         with self._lock:
@@ -827,7 +827,7 @@ class SqliteStore(_copy.Uncopyable):
         """Write the records of :mod:`harel_store._copy` into this empty database (else
         :class:`~harel_store.StoreError`) in one transaction, which checks emptiness
         first: all or nothing. Ids must be ``str`` (else ``TypeError``); commit bodies are
-        digested with this store's codec (a :class:`~harel_store._copy.Digest` of the same
+        digested with this store's codec (a :class:`~harel_store.Digest` of the same
         encoding is taken as it is); each ring keeps its last ``trace_max`` steps. Seq
         counters continue after the copied ones; waiting relays are woken."""
         if self._conn is None:
@@ -840,7 +840,7 @@ class SqliteStore(_copy.Uncopyable):
             try:
                 held = conn.execute(_HELD).fetchone()
                 if any(held):
-                    raise _copy.not_empty(self, dict(zip(_HELD_KEYS, held)))
+                    raise _transfer.not_empty(self, dict(zip(_HELD_KEYS, held)))
                 try:
                     self._write_records(conn, records)
                 except sqlite3.IntegrityError as exc:
@@ -870,7 +870,7 @@ class SqliteStore(_copy.Uncopyable):
                 batch.clear()
 
         seqs: tuple[int, int] = (0, 0)
-        rows = _copy.durable_rows(
+        rows = _transfer.durable_rows(
             records, encode=self._encode, encode_exe=self._encode_exe,
             canonical=self._canonical, digest=self._digest, keep=self._trace_max,
         )  # fmt: skip
@@ -1213,7 +1213,7 @@ def _schema_version(conn: sqlite3.Connection, path: str) -> int:
     return version
 
 
-class AsyncSqliteStore(_copy.Uncopyable):
+class AsyncSqliteStore(_transfer.Uncopyable):
     """The ``async`` twin of :class:`SqliteStore`, with the same arguments.
 
     Each method runs the sync store's method on one thread of its own (a single-worker

@@ -1,5 +1,5 @@
 """Moving between stores (DURABLE.md item 5, issue 13 part 5): ``harel_store.copy_store``
-and ``python -m harel_store copy`` (``harel_store._copy.main``).
+and ``python -m harel_store copy`` (``harel_store.cli.copy.main``).
 
 Everything a store holds is written through the public API of the source, copied, and
 compared through the public API of the copy: loads and versions, processed marks, pending
@@ -33,6 +33,7 @@ from harel_store import (
     _open,
     copy_store,
 )
+from harel_store.cli import copy as copy_cli
 from harel_store.sqlite import AsyncSqliteStore, JsonCodec, SqliteStore
 
 IDS = ("a", "b", "c", "gone", "lonely", "absent")
@@ -656,7 +657,7 @@ def test_the_command_line_copies_one_sqlite_file_into_another(
     expected = view(src)
     src.close()
     src_url, dst_url = f"sqlite:///{tmp_path}/src.db", f"sqlite:///{tmp_path}/dst.db"
-    assert _copy.main([src_url, dst_url]) == 0
+    assert copy_cli.main([src_url, dst_url]) == 0
     out, err = capsys.readouterr()
     assert out.startswith(f"copied {src_url} to {dst_url} in ")
     assert "3 executions" in out and "4 spawns" in out
@@ -664,7 +665,7 @@ def test_the_command_line_copies_one_sqlite_file_into_another(
     assert_is_a_working_copy(sqlite_at("dst.db", trace_max=3), expected, history)
 
     # Again: the copy is not empty now.
-    assert _copy.main([src_url, dst_url]) == 1
+    assert copy_cli.main([src_url, dst_url]) == 1
     out, err = capsys.readouterr()
     assert out == ""
     assert "error: cannot copy" in err and "not empty" in err and "nothing was written" in err
@@ -679,38 +680,38 @@ def test_the_command_line_shows_progress_on_stderr(
         src.commit(Execution(id=f"e{i}"), [("t", i)], f"ev{i}")
     src.close()
     monkeypatch.setattr(_copy, "PROGRESS_EVERY", 10)
-    monkeypatch.setattr(_copy, "PROGRESS_INTERVAL", 0.0)
+    monkeypatch.setattr(copy_cli, "PROGRESS_INTERVAL", 0.0)
     urls = [f"sqlite:///{tmp_path}/src.db", f"sqlite:///{tmp_path}/dst.db"]
-    assert _copy.main(urls) == 0
+    assert copy_cli.main(urls) == 0
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("  copied 0/91 records (0%)")
     assert err[-1].startswith("  copied 91/91 records (100%)")
-    assert _copy.main(["--quiet", urls[0], f"sqlite:///{tmp_path}/quiet.db"]) == 0
+    assert copy_cli.main(["--quiet", urls[0], f"sqlite:///{tmp_path}/quiet.db"]) == 0
     assert capsys.readouterr().err == ""
 
 
 def test_the_command_line_fails_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = f"sqlite:///{tmp_path}/good.db"
     # A mistyped source would be made as an empty database, and nothing copied from it.
-    assert _copy.main([good, f"sqlite:///{tmp_path}/dst.db"]) == 1
+    assert copy_cli.main([good, f"sqlite:///{tmp_path}/dst.db"]) == 1
     assert "no such database file" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
     harel_store.open_store(good).close()
     # A URL open_store refuses by itself is a usage error.
-    assert _copy.main(["nosuch://x", good]) == 2
+    assert copy_cli.main(["nosuch://x", good]) == 2
     assert "cannot open nosuch://x: unknown store URL" in capsys.readouterr().err
-    assert _copy.main([good, "sqlite://x/y.db"]) == 2
+    assert copy_cli.main([good, "sqlite://x/y.db"]) == 2
     assert "cannot open sqlite://x/y.db: a SQLite URL is" in capsys.readouterr().err
-    assert _copy.main(["memory:x", good]) == 2
+    assert copy_cli.main(["memory:x", good]) == 2
     assert "a memory store takes no path" in capsys.readouterr().err
     foreign = tmp_path / "foreign.db"
     with sqlite3.connect(foreign) as conn:
         conn.execute("CREATE TABLE mine (x)")
-    assert _copy.main([good, f"sqlite:///{foreign}"]) == 1
+    assert copy_cli.main([good, f"sqlite:///{foreign}"]) == 1
     assert "is not a harel_store database" in capsys.readouterr().err
-    assert _copy.main([good]) == 2  # usage: argparse says what is missing
+    assert copy_cli.main([good]) == 2  # usage: argparse says what is missing
     assert "DST_URL" in capsys.readouterr().err
-    assert _copy.main(["--help"]) == 0
+    assert copy_cli.main(["--help"]) == 0
     assert "empty store" in capsys.readouterr().out
 
 
@@ -741,7 +742,7 @@ def test_the_command_line_shows_no_password(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     for src in ("postgresq://me@db/app?password=s3cret", "sqlite:///a.db?password=s3cret"):
-        assert _copy.main([src, f"sqlite:///{tmp_path}/dst.db"]) == 2
+        assert copy_cli.main([src, f"sqlite:///{tmp_path}/dst.db"]) == 2
         err = capsys.readouterr().err
         assert "password=***" in err and "s3cret" not in err
 
@@ -752,7 +753,7 @@ def test_the_command_line_refuses_a_destination_that_vanishes_with_it(
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
     sqlite_at("src.db").commit(Execution(id="a"), [(None, 1)])
-    assert _copy.main([f"sqlite:///{tmp_path}/src.db", dst]) == 2
+    assert copy_cli.main([f"sqlite:///{tmp_path}/src.db", dst]) == 2
     out, err = capsys.readouterr()
     assert out == ""
     assert f"error: {dst} would vanish with this command" in err
@@ -773,7 +774,7 @@ def test_the_command_line_never_writes_to_its_source(
         with contextlib.closing(sqlite3.connect(src)) as conn:
             conn.execute("PRAGMA user_version = 7")
     before = _files(tmp_path)
-    assert _copy.main([f"sqlite:///{src}", f"sqlite:///{tmp_path}/dst.db"]) == 1
+    assert copy_cli.main([f"sqlite:///{src}", f"sqlite:///{tmp_path}/dst.db"]) == 1
     assert f"{src} is empty: it holds no harel_store database" in capsys.readouterr().err
     assert _files(tmp_path) == before  # the source as it was, and no destination made
 
@@ -789,7 +790,7 @@ def test_a_failed_command_line_copy_removes_only_the_file_it_made(
         conn.execute("CREATE TABLE mine (x)")
     before = _files(tmp_path)
     # The source cannot be opened: the destination made for it goes.
-    assert _copy.main([f"sqlite:///{foreign}", f"sqlite:///{tmp_path}/new.db"]) == 1
+    assert copy_cli.main([f"sqlite:///{foreign}", f"sqlite:///{tmp_path}/new.db"]) == 1
     assert "is not a harel_store database" in capsys.readouterr().err
     assert _files(tmp_path) == before
 
@@ -797,15 +798,15 @@ def test_a_failed_command_line_copy_removes_only_the_file_it_made(
     def interrupt(*progress: Any) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(_copy._Display, "__call__", interrupt)
-    assert _copy.main([src, f"sqlite:///{tmp_path}/new.db"]) == 130
+    monkeypatch.setattr(copy_cli._Display, "__call__", interrupt)
+    assert copy_cli.main([src, f"sqlite:///{tmp_path}/new.db"]) == 130
     assert "interrupted: nothing was written" in capsys.readouterr().err
     assert _files(tmp_path) == before
 
     # An empty database that was there before stays.
     kept = tmp_path / "kept.db"
     harel_store.open_store(f"sqlite:///{kept}").close()
-    assert _copy.main([src, f"sqlite:///{kept}"]) == 130
+    assert copy_cli.main([src, f"sqlite:///{kept}"]) == 130
     assert kept.exists()
     monkeypatch.undo()
-    assert _copy.main([src, f"sqlite:///{kept}"]) == 0
+    assert copy_cli.main([src, f"sqlite:///{kept}"]) == 0

@@ -181,7 +181,7 @@ def test_run_catches_a_store_that_forgets_what_it_processed(pure_impl: Any) -> N
 def test_main_exits_nonzero_when_a_check_fails(
     pure_impl: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import harel_store.__main__ as cli
+    import harel_store.cli.demo as cli
 
     class LosesTimers(pure_impl.DictStore):  # type: ignore[misc]
         def due_timers(self, now: float) -> list[Any]:
@@ -193,7 +193,7 @@ def test_main_exits_nonzero_when_a_check_fails(
 
 
 def test_main_in_process(capsys: pytest.CaptureFixture[str]) -> None:
-    import harel_store.__main__ as cli
+    import harel_store.cli.demo as cli
 
     assert cli.main(["-n", "100", "--quiet"]) == 0
     assert "OK:" in capsys.readouterr().out
@@ -203,7 +203,7 @@ def test_main_in_process(capsys: pytest.CaptureFixture[str]) -> None:
     "store", ["postgresql://me@db/app?password=s3cret", "postgresq://me:s3cret@db/app"]
 )
 def test_refusals_show_no_password(store: str, capsys: pytest.CaptureFixture[str]) -> None:
-    import harel_store.__main__ as cli
+    import harel_store.cli.demo as cli
 
     assert cli.main(["--pure", "--store", store, "-n", "1"]) == 2
     err = capsys.readouterr().err
@@ -212,7 +212,7 @@ def test_refusals_show_no_password(store: str, capsys: pytest.CaptureFixture[str
 
 def test_copy_after_the_quiet_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import harel_store
-    import harel_store.__main__ as cli
+    import harel_store.cli.demo as cli
 
     src, dst = f"sqlite:///{tmp_path}/src.db", f"sqlite:///{tmp_path}/dst.db"
     harel_store.open_store(src).close()

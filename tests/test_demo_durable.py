@@ -475,7 +475,7 @@ def test_resume_after_a_crash_at_any_commit(at: int, landed: bool, tmp_path: Pat
 def test_a_lease_that_is_not_a_finite_positive_number_is_a_usage_error(
     lease: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import harel_store.__main__ as cli
+    import harel_store.cli.demo as cli
 
     store = f"sqlite:///{tmp_path}/x.db"
     with pytest.raises(SystemExit) as info:

@@ -1753,7 +1753,7 @@ def test_a_copy_that_brings_a_malformed_commit_body_is_refused(impl: Any, body: 
         impl,
         f"""
         from harel_store import Execution, copy_store
-        from harel_store._copy import Digest
+        from harel_store._digest import Digest
 
         class Liar(tuple):
             def __len__(self):

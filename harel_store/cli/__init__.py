@@ -1,0 +1,5 @@
+"""The command line: ``python -m harel_store``."""
+
+from .demo import main
+
+__all__ = ["main"]

@@ -37,6 +37,8 @@ from harel_store._codec import JsonCodec
 
 psycopg = pytest.importorskip("psycopg")
 postgres = pytest.importorskip("harel_store.postgres")
+connections = pytest.importorskip("harel_store.postgres._connections")
+core = pytest.importorskip("harel_store.postgres._core")
 PostgresStore = postgres.PostgresStore
 AsyncPostgresStore = postgres.AsyncPostgresStore
 
@@ -438,7 +440,7 @@ def test_an_older_schema_is_migrated(
     with opened() as store:
         store.commit(Execution(id="e1"), [("t", "kept")])
     later = [*postgres.MIGRATIONS, ("CREATE TABLE {s}.later_feature (x integer)",)]
-    monkeypatch.setattr(postgres, "MIGRATIONS", later)
+    monkeypatch.setattr(core, "MIGRATIONS", later)
     with opened() as store:
         assert store.load("e1").version == 1
         assert [e.event for e in store.pending_outbox()] == ["kept"]
@@ -571,12 +573,12 @@ def test_the_array_parameters_are_written_as_psycopg_writes_them(
     from psycopg.postgres import types
     from psycopg.types.array import ListBinaryDumper
 
-    cls = getattr(postgres, kind)
-    name = postgres._ARRAYS[cls]
+    cls = getattr(core, kind)
+    name = core._ARRAYS[cls]
     with psycopg.connect(url, autocommit=True) as conn:
-        postgres._adapt(conn)
+        connections._adapt(conn)
         ours = Transformer(conn).get_dumper(cls(), PyFormat.BINARY)
-        assert type(ours).__module__ == "harel_store.postgres"
+        assert type(ours).__module__ == "harel_store.postgres._connections"
         info = types[name]
         theirs_cls = type("Theirs", (ListBinaryDumper,), {"oid": info.array_oid})
         theirs = theirs_cls(list, conn)
@@ -603,7 +605,7 @@ def test_the_array_parameters_are_written_as_psycopg_writes_them(
 def test_statements_without_rows_give_their_row_count(url: str) -> None:
     """``_has_rows`` is psycopg's ``cursor.description is not None``, without building
     column objects: rows for a query (also of no columns), the count for a command."""
-    assert postgres._TUPLES_OK == psycopg.pq.ExecStatus.TUPLES_OK
+    assert connections._TUPLES_OK == psycopg.pq.ExecStatus.TUPLES_OK
     with psycopg.connect(url, autocommit=True) as conn:
         for sql, rows in (
             ("SELECT 1", True),
@@ -614,7 +616,7 @@ def test_statements_without_rows_give_their_row_count(url: str) -> None:
             ("INSERT INTO t VALUES (3) RETURNING x", True),
         ):
             cur = conn.execute(sql)
-            assert postgres._has_rows(cur) is rows is (cur.description is not None), sql
+            assert connections._has_rows(cur) is rows is (cur.description is not None), sql
 
 
 def test_out_of_range_integers_are_refused_before_any_write(opened: Callable[..., Any]) -> None:
@@ -1087,8 +1089,8 @@ def test_libpq_status_codes_are_psycopgs() -> None:
     """The pool compares libpq's status codes as ints (psycopg's enums are slow to read)."""
     from psycopg import pq
 
-    assert postgres._CONN_OK == pq.ConnStatus.OK
-    assert postgres._TX_IDLE == pq.TransactionStatus.IDLE
+    assert connections._CONN_OK == pq.ConnStatus.OK
+    assert connections._TX_IDLE == pq.TransactionStatus.IDLE
 
 
 def test_a_cancelled_wait_for_work_leaves_its_wake_up_to_the_next(url: str, pg_schema: str) -> None:

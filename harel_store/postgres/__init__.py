@@ -1,0 +1,92 @@
+"""``PostgresStore``: the durable store for many processes on many machines, on psycopg 3.
+
+It needs the extra ``pip install 'harel-store[postgres]'`` (psycopg 3), imported only when
+a store is made: ``import harel_store`` never needs psycopg.
+
+Any number of store objects, in any processes and machines, may share one database (one
+store object is used by one thread, or one event loop, at a time). Each store keeps its
+tables in one PostgreSQL schema (``schema=``, default ``harel_store``): stores with
+different schemas in one database do not see each other.
+
+Schema (version :data:`SCHEMA_VERSION`; :data:`MIGRATIONS` is a list whose index is the
+version it upgrades from, recorded in ``harel_store_schema``). Every encoded value is a
+``bytea``: one tag byte (``t`` when the codec returned ``str``, stored as UTF-8; ``b``
+for ``bytes``) and the data, so decoding gets back what encoding returned.
+
+- ``executions(id, version, epoch, body)``: the codec's blob beside its broken-out
+  ``version`` and the writer ``epoch``.
+- ``outbox(seq, target_id, event, lease_until)`` and ``spawns(seq, parent_id, child_id,
+  root_path, context, lease_until)``: ``seq`` from a sequence (``outbox_seq``,
+  ``spawns_seq``), so seqs start at 1 and increase in the order they are allocated; a
+  commit that is refused allocates none, one killed in flight may leave a gap.
+- ``processed(execution_id, event_id)``: the dedupe marks.
+- ``timers(execution_id, path, fire_at, seq, lease_until)``: one row per timer; ``seq``
+  (``timers_seq``) is the arming order; re-arming gives the row a new ``seq`` and no lease.
+- ``trace(execution_id, idx, step)`` and ``trace_index(execution_id, next_index)``: the
+  ring and the per-execution monotonic index. ``idx`` is the index a step was stamped
+  with, added on read when the step carries no ``"index"`` of its own; the ring is
+  trimmed by ``idx``, deleting just the overflow.
+- ``commit_ids(execution_id, commit_id, digest, version)``: a SHA-256 of the commit's
+  body in the codec's canonical encoding, and the version the commit produced.
+
+**One round trip per commit.** A commit is one SQL statement, a data-modifying ``WITH``
+(:meth:`._schema._Sql.commit`), run in autocommit mode, so it is one transaction and one network
+round trip, and prepared once per connection (``prepare=True``). It holds only the parts
+the commit uses (a save is the CAS and the commit id's parts): PostgreSQL plans a statement of this kind anew
+at each call, and planning parts that write nothing was most of a save's time. Its first parts read
+the commit id and the stored row; ``UPDATE executions ... WHERE id = ... AND version = ...``
+is the CAS (a concurrent writer's update makes PostgreSQL re-check the ``WHERE`` against
+the new row, so of two writers at one version exactly one updates), and a first write is
+an ``INSERT ... ON CONFLICT (id) DO NOTHING`` (of two first writers exactly one inserts).
+Every other part (emits, the mark, timers, spawns, the trace step, the commit id, the
+``pg_notify``) writes only ``WHERE EXISTS`` a row from the CAS, so a refused commit
+writes nothing and takes no seq. Timer ops are reduced to the last op per path before
+they are sent (the final state is the same; one statement cannot touch a row twice).
+Only a refused commit may need a second statement, to tell a conflict from a replay that
+raced it. Loads, acks, claims, ``forget`` and ``stats`` are one statement each too.
+
+**Claims** lease rows with ``FOR UPDATE SKIP LOCKED`` and leases on the database clock
+(``now()``), so relays on machines with different clocks agree. **Wake-ups**: a commit
+that makes work calls ``pg_notify`` inside its own statement, so the notification is sent
+when the data is committed and never before; :meth:`PostgresStore.wait_for_work`
+uses ``LISTEN`` on a connection of its own, opened at its first call, and begins each
+wait with an empty statement on it: the notifications of every commit that returned
+before the wait arrive before that statement's reply. Work committed before the
+``LISTEN`` is seen from the seq counters, read when the store opened and again at every
+(re)connection of the listener (a seq taken by a commit still in flight then wakes the
+wait early: the claim that follows finds nothing yet, and the commit's notification wakes
+the next wait). A dropped connection can cost a spurious wake-up, never a missed one.
+
+**Connections** come from a pool of the store (:mod:`._connections`):
+``pool_size`` at most, the one that opened the store kept open. A connection is checked
+as it leaves the pool, without a round trip: a closed socket, or one the server wrote to
+while the connection was idle (a restart's "terminating connection"), gets it replaced,
+and a new connection is made by the call that needs it. So the first call after a
+server restart reconnects; while the server is down a call tries again until
+``timeout``, then raises :class:`~harel_store.StoreError`. Reads, acks and claims are
+retried once on a new connection when theirs fails mid-call; a commit is not (it may
+have been applied): it raises a ``StoreError`` that says so, and a retry with the same
+``commit_id`` is recognised.
+
+**Copying**: ``_dump`` streams a ``REPEATABLE READ`` snapshot through server-side
+cursors, ``_restore`` writes into an empty schema in one transaction that locks its
+tables (:func:`harel_store.copy_store`, ``python -m harel_store copy``).
+
+**PgBouncer** in transaction mode does not keep a server connection's prepared
+statements across transactions (before PgBouncer 1.21 and its
+``max_prepared_statements``): pass ``prepare=False``, which prepares nothing.
+
+The package: :mod:`._schema` (the migrations and every statement), :mod:`._core` (every
+operation once, as a generator of statements, shared by both stores), :mod:`._connections`
+(connections and pools), :mod:`._store` (:class:`PostgresStore`) and :mod:`._aio`
+(:class:`AsyncPostgresStore`).
+"""
+
+from ._aio import AsyncPostgresStore
+from ._schema import MIGRATIONS, SCHEMA_VERSION
+from ._store import PostgresStore
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "AsyncPostgresStore", "PostgresStore"]
+
+# Shown, documented and reported by their public path.
+PostgresStore.__module__ = AsyncPostgresStore.__module__ = __name__

@@ -1,0 +1,382 @@
+"""``AsyncPostgresStore``: the async twin, running the same core (:mod:`._core`) on an
+async pool."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import weakref
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from .. import _checks, _transfer
+from .._errors import StoreError
+from .._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+from ._connections import (
+    _adapt,
+    _arun_on,
+    _AsyncPool,
+    _cannot_open,
+    _connect_kwargs,
+    _connect_timeout,
+    _lost,
+    _retrieved,
+    _run_on,
+)
+from ._core import _NO_RETRY, _RECONNECT_FIRST, _RECONNECT_MAX, _closed, _Core, _import_psycopg
+from ._schema import DEFAULT_POOL_SIZE, DEFAULT_SCHEMA
+
+
+class AsyncPostgresStore(_transfer.Uncopyable):
+    """The ``async`` twin of :class:`PostgresStore`, with the same arguments, on
+    psycopg's async connections: no call blocks the event loop.
+
+    The constructor does no I/O: the store opens (connects, checks or creates the
+    schema, reads the seq marks) at its first call, or at ``async with``; a server that
+    cannot be reached or a refused schema raises its ``StoreError`` from there, and
+    ``wait_for_work`` counts work from then. Its connections (:class:`_AsyncPool`) serve
+    any event loop, one at a time: a store may outlive an ``asyncio.run``.
+
+    ``_record_trace``, the plain-``def`` recorder of every store, blocks on a sync
+    connection of its own: call it off the event loop.
+    """
+
+    preserves_identity = False
+    durable = True
+    _copy_hint = "open another store on the same conninfo and schema"
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        trace_max: int | None = DEFAULT_TRACE_MAX,
+        codec: Any = None,
+        schema: str = DEFAULT_SCHEMA,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        prepare: bool = True,
+        timeout: float = 30.0,
+    ) -> None:
+        self._closed = True
+        _import_psycopg()
+        self._core = _Core(conninfo, trace_max, codec, schema, pool_size, prepare, timeout)
+        self._pool = _AsyncPool(self._core)
+        self._opened = False
+        self._opening: asyncio.Task[None] | None = None
+        self._looks: set[asyncio.Future[None]] = set()  # wait_for_work's, running
+        self._owed = False  # a wake-up taken and not yet returned
+        weakref.finalize(self, self._pool.close_now)
+        self._closed = False
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<{type(self).__name__} {self._core.describe()} {state}>"
+
+    async def __aenter__(self) -> Self:
+        if self._closed:
+            raise _closed()
+        await self._ready()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @property
+    def schema(self) -> str:
+        return self._core.schema
+
+    @property
+    def trace_max(self) -> int | None:
+        """Steps kept per execution; ``0``/``None`` keeps all. A change applies to the
+        calls made after it."""
+        return self._core.trace_max
+
+    @trace_max.setter
+    def trace_max(self, value: int | None) -> None:
+        self._core.trace_max = _checks.as_trace_max(value)
+
+    async def load(self, execution_id: str) -> Any:
+        return await self._run("load", execution_id)
+
+    async def save(self, exe: Any, *, epoch: int | None = None) -> None:
+        await self._run("save", exe, epoch)
+
+    async def commit(
+        self,
+        exe: Any,
+        emits: Iterable[tuple[str | None, Any]],
+        processed_event_id: str | None = None,
+        timers: Iterable[TimerOp] = (),
+        spawns: Iterable[tuple[str, Any, Mapping[str, Any]]] = (),
+        trace: Mapping[str, Any] | None = None,
+        *,
+        commit_id: str | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        await self._run(
+            "commit", exe, emits, processed_event_id, timers, spawns, trace, commit_id, epoch
+        )
+
+    async def is_processed(self, execution_id: str, event_id: str) -> bool:
+        return await self._run("is_processed", execution_id, event_id)  # type: ignore[no-any-return]
+
+    async def pending_outbox(self) -> list[OutboxEntry]:
+        return await self._run("pending", "outbox")  # type: ignore[no-any-return]
+
+    async def ack_outbox(self, seq: int) -> None:
+        await self._run("ack", "outbox", seq)
+
+    async def claim_outbox(self, limit: int = 100, *, lease: float = 30.0) -> list[OutboxEntry]:
+        return await self._run("claim", "outbox", limit, lease)  # type: ignore[no-any-return]
+
+    async def pending_spawns(self) -> list[SpawnEntry]:
+        return await self._run("pending", "spawns")  # type: ignore[no-any-return]
+
+    async def ack_spawn(self, seq: int) -> None:
+        await self._run("ack", "spawns", seq)
+
+    async def claim_spawns(self, limit: int = 100, *, lease: float = 30.0) -> list[SpawnEntry]:
+        return await self._run("claim", "spawns", limit, lease)  # type: ignore[no-any-return]
+
+    async def due_timers(self, now: float) -> list[tuple[str, str, float]]:
+        return await self._run("due_timers", now)  # type: ignore[no-any-return]
+
+    async def claim_due_timers(
+        self, now: float, limit: int = 100, *, lease: float = 30.0
+    ) -> list[tuple[str, str, float]]:
+        return await self._run("claim_due_timers", now, limit, lease)  # type: ignore[no-any-return]
+
+    async def delete_timer(self, execution_id: str, path: str, fire_at: float) -> None:
+        await self._run("delete_timer", execution_id, path, fire_at)
+
+    async def append_trace(self, execution_id: str, entry: Mapping[str, Any]) -> None:
+        await self._run("record_trace", execution_id, entry)
+
+    async def read_trace(self, execution_id: str) -> list[dict[str, Any]]:
+        return await self._run("read_trace", execution_id)  # type: ignore[no-any-return]
+
+    async def forget(self, execution_id: str) -> None:
+        await self._run("forget", execution_id)
+
+    async def stats(self) -> dict[str, int]:
+        return await self._run("stats")  # type: ignore[no-any-return]
+
+    async def wait_for_work(self, timeout: float) -> bool:
+        """See :meth:`PostgresStore.wait_for_work`; it waits on the event loop, for at most
+        ``timeout`` seconds even while another call of this store waits on the same
+        listening connection. A wake-up that a call cancelled before it returned had
+        taken is the next call's."""
+        if self._closed:
+            raise _closed()
+        import psycopg
+
+        timeout = _checks.as_timeout(timeout)
+        if not self._opened:
+            await self._ready()
+        deadline = time.monotonic() + timeout
+        pause = _RECONNECT_FIRST
+        while True:
+            if self._owed:
+                self._owed = False
+                return True
+            if self._closed:
+                raise _closed()
+            left = deadline - time.monotonic()
+            # A look ends by the deadline by itself, unless it waits for another call's
+            # look on the one listening connection: then this call stops waiting at its
+            # deadline. A task of its own, waited for with asyncio.wait: it runs on when
+            # this call is cancelled or gives up, and a wake-up it takes is kept in _owed.
+            shared = bool(self._looks) and left != float("inf")
+            look = asyncio.ensure_future(self._look(deadline))
+            self._looks.add(look)
+            look.add_done_callback(self._looks.discard)
+            look.add_done_callback(_retrieved)  # one given up may still fail
+            try:
+                await asyncio.wait((look,), timeout=max(left, 0.0) if shared else None)
+            except BaseException:
+                look.cancel()
+                raise
+            if not look.done():
+                look.cancel()
+                if self._owed:
+                    continue
+                return False
+            if look.cancelled():  # by close()
+                raise _closed()
+            exc = look.exception()
+            if exc is None:
+                if self._owed:
+                    continue
+                return False
+            if not isinstance(exc, psycopg.OperationalError):
+                raise exc
+            await self._pool.drop_listener()
+            if self._closed:
+                raise _closed()
+            left = deadline - time.monotonic()
+            if left <= 0.0:
+                raise StoreError(
+                    f"wait_for_work: no connection to PostgreSQL ({self._core.describe()}) "
+                    f"for LISTEN: {exc}"
+                ) from exc
+            await asyncio.sleep(min(pause, left))
+            pause = min(pause * 2.0, _RECONNECT_MAX)
+
+    async def _look(self, deadline: float) -> None:
+        """One look for work, until ``deadline``: a wake-up found is put in ``_owed``
+        before anything else is awaited."""
+        pool = self._pool
+        if pool.listener is None and await self._listen(deadline):
+            self._owed = True
+            return
+        # A round trip first (see PostgresStore.wait_for_work).
+        await pool.listener.execute("", prepare=False)
+        left = deadline - time.monotonic()
+        waiting = pool.listener.notifies(
+            timeout=None if left == float("inf") else max(left, 0.0), stop_after=1
+        )
+        async with contextlib.aclosing(waiting):
+            if await anext(waiting, None) is None:
+                return
+            self._owed = True
+        # Later notifications of work committed by now are this wake-up's.
+        async for _ in pool.listener.notifies(timeout=0.0):
+            pass
+
+    async def close(self) -> None:
+        """Close the connections; a second close does nothing. Every other method of a
+        closed store raises ``ValueError``."""
+        if self._closed:
+            return
+        self._closed = True
+        for look in list(self._looks):  # waiting on the listening connection
+            look.cancel()
+        await self._pool.close()
+
+    def _record_trace(self, execution_id: str, entry: Mapping[str, Any]) -> None:
+        """The plain-``def`` recorder, as on every store: it blocks on a sync connection
+        of its own, so call it off the event loop. As the store's first call it opens the
+        store on that connection."""
+        if self._closed:
+            raise _closed()
+        import psycopg
+
+        core = self._core
+        op = core.record_trace(execution_id, entry)
+        query = next(op)
+        pool = self._pool
+        if pool.recorder is None:
+            try:
+                conn = psycopg.Connection.connect(core.conninfo, **_connect_kwargs(core))
+            except psycopg.Error as exc:
+                if self._opened:
+                    raise _lost(core, "_record_trace", exc, False) from exc
+                raise _cannot_open(core, exc) from exc
+            _adapt(conn)
+            pool.recorder = conn
+        if not self._opened:
+            opening = core.open()
+            try:
+                _run_on(pool.recorder, opening, next(opening))
+            except psycopg.Error as exc:
+                pool._close_recorder()
+                raise _cannot_open(core, exc) from exc
+            self._opened = True
+        try:
+            _run_on(pool.recorder, op, query)
+        except psycopg.OperationalError as exc:
+            pool._close_recorder()
+            raise _lost(core, "_record_trace", exc, True) from exc
+
+    # --- helpers -----------------------------------------------------------------------
+
+    async def _run(self, name: str, *args: Any) -> Any:
+        import psycopg
+
+        if self._closed:
+            raise _closed()
+        if not self._opened:
+            await self._ready()
+        method = getattr(self._core, name)
+        tries = 1 if name in _NO_RETRY else 2
+        for attempt in range(tries):
+            op = method(*args)
+            try:
+                query = next(op)
+            except StopIteration as stop:
+                return stop.value
+            conn = await self._pool.get()
+            try:
+                return await _arun_on(conn, op, query)
+            except psycopg.OperationalError as exc:
+                op.close()
+                if attempt + 1 == tries:
+                    raise _lost(self._core, name, exc, name in _NO_RETRY) from exc
+            finally:
+                await self._pool.put(conn)
+        raise AssertionError("unreachable")
+
+    async def _ready(self) -> None:
+        """Open the store if it is not yet. Concurrent first calls share one opening (a
+        task of the running loop, shielded from a caller's cancellation), so they open
+        one connection, not one each."""
+        if self._opened:
+            return
+        loop = asyncio.get_running_loop()
+        opening = self._opening
+        if opening is None or opening.get_loop() is not loop or opening.cancelled():
+            opening = self._opening = loop.create_task(self._open())
+            opening.add_done_callback(_retrieved)
+        try:
+            await asyncio.shield(opening)
+        finally:
+            if opening.done() and self._opening is opening:
+                self._opening = None  # opened, or failed: the next call tries again
+
+    async def _open(self) -> None:
+        """Connect, check or create the schema, read the seq marks; the connection then
+        serves the calls."""
+        import psycopg
+
+        core = self._core
+        try:
+            conn = await psycopg.AsyncConnection.connect(core.conninfo, **_connect_kwargs(core))
+        except psycopg.Error as exc:
+            raise _cannot_open(core, exc) from exc
+        try:
+            _adapt(conn)
+            op = core.open()
+            await _arun_on(conn, op, next(op))
+        except BaseException as exc:
+            await conn.close()
+            if isinstance(exc, psycopg.Error):
+                raise _cannot_open(core, exc) from exc
+            raise
+        if self._closed:
+            await conn.close()
+            raise _closed()
+        self._pool.adopt(conn)
+        self._opened = True
+
+    async def _listen(self, deadline: float) -> bool:
+        import psycopg
+
+        core = self._core
+        conn = await psycopg.AsyncConnection.connect(
+            core.conninfo, **_connect_timeout(core, deadline)
+        )
+        try:
+            await conn.execute(f'LISTEN "{core.channel}"')
+            cur = await conn.execute(core.sql.marks)
+            marks = await cur.fetchone()
+            if self._closed:
+                raise _closed()
+        except BaseException:
+            await conn.close()
+            raise
+        self._pool.listener = conn
+        return core.marks_moved(marks)

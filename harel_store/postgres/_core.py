@@ -1,0 +1,488 @@
+"""The core both PostgreSQL stores share: every operation once, as a generator of the
+statements it needs run (no I/O), with its checks and encodings."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from collections.abc import Generator
+from typing import Any, NamedTuple
+
+from .. import _checks, _codec
+from .._codec import JSON
+from .._digest import body_digest
+from .._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError
+from .._records import OutboxEntry, SpawnEntry
+from ._schema import _INSPECT, _SQL_CACHE, _STATS_KEYS, INSTALL, MIGRATIONS, SCHEMA_TABLE, _Sql
+
+_SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}\Z")
+_LEASE_MAX = 1e10  # seconds (three centuries): a longer lease would overflow a timestamp
+_TEXT = b"t"[0]
+_TIMEOUT_MAX = threading.TIMEOUT_MAX  # the longest wait a lock takes
+_RECONNECT_FIRST, _RECONNECT_MAX = 0.05, 1.0  # pauses between tries to connect, in seconds
+
+
+def _closed() -> ValueError:
+    return ValueError("I/O operation on a closed store")
+
+
+def _import_psycopg() -> Any:
+    """psycopg, or an ``ImportError`` that names the extra."""
+    try:
+        import psycopg
+    except ImportError as exc:
+        raise ImportError(f"harel_store.postgres needs psycopg 3: {INSTALL} ({exc})") from exc
+    return psycopg
+
+
+# --- the core: every operation once, as a generator of statements -------------------------
+
+
+class _Query(NamedTuple):
+    """One statement an operation needs run: ``prepare`` for the hot ones; with
+    ``unique``, a unique violation is sent back as :data:`_UNIQUE` instead of raised."""
+
+    sql: str
+    params: Any = None
+    prepare: bool | None = None
+    unique: bool = False
+
+
+_UNIQUE = object()
+_Op = Generator[_Query, Any, Any]
+
+
+class _Core:
+    """What the sync and async stores share: the checked options, the statements, and
+    each operation as a generator that checks and encodes its arguments, yields the
+    statements to run (each is sent back its rows, or its row count when it returns
+    none) and returns the operation's result. It does no I/O: the stores run it."""
+
+    __slots__ = (
+        "canonical",
+        "channel",
+        "codec",
+        "connect_timeout",
+        "conninfo",
+        "marks",
+        "pool_size",
+        "prepare",
+        "schema",
+        "sql",
+        "timeout",
+        "trace_max",
+    )
+
+    def __init__(
+        self,
+        conninfo: Any,
+        trace_max: Any,
+        codec: Any,
+        schema: Any,
+        pool_size: Any,
+        prepare: Any,
+        timeout: Any,
+    ) -> None:
+        if not isinstance(conninfo, str):
+            raise TypeError(
+                f"conninfo must be a str (a libpq URL or key=value string), "
+                f"got {type(conninfo).__name__}"
+            )
+        self.conninfo = conninfo
+        self.trace_max = _checks.as_trace_max(trace_max)
+        if codec is None:
+            codec = JSON
+        else:
+            _checks.as_codec(codec)
+        self.codec = codec
+        self.canonical = getattr(codec, "canonical_value", None) or codec.encode_value
+        if not isinstance(schema, str):
+            raise TypeError(f"schema must be a str, got {type(schema).__name__}")
+        if not _SCHEMA_NAME.match(schema) or schema.lower().startswith("pg_"):
+            raise ValueError(
+                "schema must be a PostgreSQL identifier of 1 to 63 letters, digits and "
+                f"underscores, not starting with a digit or 'pg_', got {schema!r}"
+            )
+        self.schema = schema
+        size = _checks.as_int(pool_size, "pool_size")
+        if size < 1:
+            raise ValueError(f"pool_size must be at least 1, got {pool_size!r}")
+        self.pool_size = size
+        if type(prepare) is not bool:
+            raise TypeError(f"prepare must be a bool, got {type(prepare).__name__}")
+        self.prepare = prepare
+        seconds = _checks.as_time(timeout, "timeout")
+        if not 0.0 < seconds <= _TIMEOUT_MAX:
+            raise ValueError(
+                f"timeout must be a positive number of seconds up to {_TIMEOUT_MAX:g}, "
+                f"got {timeout!r}"
+            )
+        self.timeout = seconds
+        self.connect_timeout: bool | None = None  # whether conninfo sets one; read later
+        channel = f"harel_store.{schema}"
+        if len(channel.encode()) > 63:
+            channel = "harel_store." + hashlib.sha256(schema.encode()).hexdigest()[:32]
+        self.channel = channel
+        sql = _SQL_CACHE.get(schema)
+        if sql is None:
+            sql = _SQL_CACHE[schema] = _Sql(schema)
+        self.sql = sql
+        self.marks: tuple[Any, ...] | None = None
+
+    def describe(self) -> str:
+        """The server and schema, for messages (never the password)."""
+        try:
+            from psycopg.conninfo import conninfo_to_dict
+
+            parts = conninfo_to_dict(self.conninfo)
+        except Exception:  # noqa: BLE001 - a message must not fail
+            return f"schema {self.schema!r}"
+        host = parts.get("host") or parts.get("hostaddr") or "localhost"
+        port = f":{parts['port']}" if parts.get("port") else ""
+        db = parts.get("dbname") or parts.get("user") or ""
+        return f"{host}{port}/{db} schema {self.schema!r}"
+
+    # --- opening -----------------------------------------------------------------------
+
+    def open(self) -> _Op:
+        """Check the schema, refusing a foreign or newer one before changing anything;
+        create or upgrade it under an advisory lock; read the seq marks."""
+        sql = self.sql
+        version = yield from self._schema_version()
+        if version != len(MIGRATIONS):
+            yield _Query("BEGIN")
+            # Serializes every store opening this schema while it is created or migrated.
+            key = int.from_bytes(
+                hashlib.sha256(f"harel_store:{self.schema}".encode()).digest()[:8],
+                "big",
+                signed=True,
+            )
+            yield _Query("SELECT pg_advisory_xact_lock(%s)", (key,))
+            version = yield from self._schema_version()
+            if version is None:
+                yield _Query(sql.create_schema)
+                version = 0
+            for step in range(version, len(MIGRATIONS)):
+                for statement in MIGRATIONS[step]:
+                    yield _Query(statement.format(s=sql.schema))
+                yield _Query(sql.set_version, (step + 1,))
+            yield _Query("COMMIT")
+        self.marks = tuple((yield _Query(sql.marks))[0])
+
+    def _schema_version(self) -> Generator[_Query, Any, int | None]:
+        """The schema version of this package's tables, ``0`` for an empty schema,
+        ``None`` for none; a ``StoreError`` for a schema that is not this package's or is
+        newer than it."""
+        [(exists, names)] = yield _Query(_INSPECT, {"s": self.schema})
+        if not exists:
+            return None
+        if SCHEMA_TABLE not in names:
+            if names:
+                shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+                raise StoreError(
+                    f"{self.describe()}: the schema is not harel_store's: it holds {shown} "
+                    f"and no {SCHEMA_TABLE} table; nothing was changed"
+                )
+            return 0
+        rows = yield _Query(self.sql.version)
+        if len(rows) != 1 or rows[0][0] is None or rows[0][0] < 0:
+            raise StoreError(
+                f"{self.describe()}: the {SCHEMA_TABLE} table is damaged ({rows[:3]!r})"
+            )
+        version: int = rows[0][0]
+        if version > len(MIGRATIONS):
+            raise StoreError(
+                f"{self.describe()} has harel_store schema version {version}, newer than "
+                f"this harel_store's ({len(MIGRATIONS)}): upgrade harel_store to open it; "
+                "nothing was changed"
+            )
+        return version
+
+    def marks_moved(self, marks: Any) -> bool:
+        """Whether any seq was allocated since the marks last read (and remember these)."""
+        marks = tuple(marks)
+        moved: bool = marks != self.marks
+        self.marks = marks
+        return moved
+
+    # --- executions --------------------------------------------------------------------
+
+    def load(self, execution_id: Any) -> _Op:
+        if type(execution_id) is not str:
+            _checks.str_id(execution_id, "execution_id")
+        rows = yield _Query(self.sql.load, (execution_id,), True)
+        if not rows:
+            return None
+        version, body = rows[0]
+        exe = self.codec.decode_execution(_unpack(body))
+        exe.version = version
+        return exe
+
+    def save(self, exe: Any, epoch: Any) -> _Op:
+        return (yield from self.commit(exe, (), None, (), (), None, None, epoch))
+
+    def commit(
+        self,
+        exe: Any,
+        emits: Any,
+        processed_event_id: Any,
+        timers: Any,
+        spawns: Any,
+        trace: Any,
+        commit_id: Any,
+        epoch: Any,
+    ) -> _Op:
+        eid = _checks.durable_exe_id(exe)
+        body = _checks.commit_body(emits, processed_event_id, timers, spawns, trace, str_ids=True)
+        if commit_id is not None:
+            commit_id = _checks.as_commit_id(commit_id)
+        if epoch is not None:
+            epoch = _checks.durable_epoch(epoch)
+        version = _checks.durable_exe_version(exe)
+
+        # Encode everything before the statement: a value the codec refuses is a
+        # TypeError naming it, and nothing is written.
+        blob = _pack(self._encode_exe(exe, eid))
+        encode = self._encode
+        targets = _Texts()
+        events = _Blobs()
+        for i, (target, event) in enumerate(body.emits):
+            targets.append(target)
+            events.append(_pack(encode(event, "the event of emits", i)))
+        children = _Texts()
+        roots = _Blobs()
+        contexts = _Blobs()
+        for i, (child_id, root_path, context) in enumerate(body.spawns):
+            children.append(child_id)
+            roots.append(_pack(encode(root_path, "the root_path of spawns", i)))
+            contexts.append(_pack(encode(context, "the context of spawns", i)))
+        step = _Blobs()
+        if body.trace is not None:
+            step.append(_pack(encode(body.trace, "the trace step")))
+        cid = _Texts()
+        digest = _Blobs()
+        if commit_id is not None:
+            cid.append(commit_id)
+            digest.append(self._digest(body, commit_id))
+        # The last op on a path decides its final state; one statement writes each row once.
+        final: dict[Any, float | None] = {}
+        for action, path, fire_at in body.timers:
+            final.pop(path, None)
+            final[path] = fire_at if action == "schedule" else None
+        arm = _Texts(path for path, at in final.items() if at is not None)
+        # Every parameter has one type whatever its value (an optional one is an array
+        # of none or one): one prepared statement per connection (see _adapt).
+        params = {
+            "id": eid,
+            "old": version,
+            "new": version + 1,
+            "epoch": _Ints() if epoch is None else _Ints([epoch]),
+            "body": blob,
+            "cid": cid,
+            "digest": digest,
+            "targets": targets,
+            "events": events,
+            "pev": _Texts()
+            if body.processed_event_id is None
+            else _Texts([body.processed_event_id]),
+            "arm": arm,
+            "at": _Floats(final[path] for path in arm),
+            "disarm": _Texts(path for path, at in final.items() if at is None),
+            "children": children,
+            "roots": roots,
+            "contexts": contexts,
+            "step": step,
+            "keep": self.trace_max or 0,
+            "channel": self.channel,
+        }
+        shape = (
+            bool(events),
+            body.processed_event_id is not None,
+            bool(arm),
+            bool(params["disarm"]),
+            bool(children),
+            bool(step),
+        )
+        for _ in range(2):
+            rows = yield _Query(self.sql.commit(shape), params, True, unique=True)
+            if rows is not _UNIQUE:
+                ok, found, found_epoch, done, done_version = rows[0][:5]
+                if done is not None:
+                    return self._replayed(exe, eid, commit_id, digest[0], done, done_version)
+                if ok:
+                    _checks.set_version(exe, version + 1)
+                    return None
+                if commit_id is None and found is not None:
+                    if epoch is not None and found_epoch is not None and found_epoch > epoch:
+                        raise StaleWriter(eid, epoch, found_epoch)
+                    if found != version:
+                        raise StoreConflict(eid, version, found)
+            # Refused by a writer the statement did not see (a concurrent first write, an
+            # update or a forget after its snapshot), or a unique violation on the commit
+            # id: another try of this very commit may have landed. Look again.
+            rows = yield _Query(self.sql.recheck, {"id": eid, "cid": cid})
+            found, found_epoch, done, done_version = rows[0]
+            if done is not None:
+                return self._replayed(exe, eid, commit_id, digest[0], done, done_version)
+            if epoch is not None and found_epoch is not None and found_epoch > epoch:
+                raise StaleWriter(eid, epoch, found_epoch)
+            if found is not None and found != version:
+                break
+            # No row now (forgotten meanwhile), or the version this commit expects: it
+            # wrote nothing, so it may run once more, on a snapshot that sees why.
+        raise StoreConflict(eid, version, found)
+
+    def _replayed(
+        self, exe: Any, eid: str, commit_id: Any, digest: Any, done: bytes, done_version: int
+    ) -> None:
+        if done != digest:
+            raise IdempotencyConflict(eid, commit_id)
+        _checks.set_version(exe, done_version)
+
+    def is_processed(self, execution_id: Any, event_id: Any) -> _Op:
+        _checks.str_id(execution_id, "execution_id")
+        _checks.str_id(event_id, "event_id")
+        rows = yield _Query(self.sql.is_processed, (execution_id, event_id), True)
+        return rows[0][0]
+
+    # --- outbox, spawns, timers --------------------------------------------------------
+
+    def pending(self, table: str) -> _Op:
+        rows = yield _Query(self.sql.pending[table])
+        return self._entries(table, rows)
+
+    def ack(self, table: str, seq: Any) -> _Op:
+        if type(seq) is not int:
+            seq = _checks.as_int(seq, "seq")
+        if _checks.INT64_MIN <= seq <= _checks.INT64_MAX:  # no other seq can be stored
+            yield _Query(self.sql.ack[table], (seq,), True)
+
+    def claim(self, table: str, limit: Any, lease: Any) -> _Op:
+        limit = _checks.as_limit(limit)
+        lease = min(_checks.as_lease(lease), _LEASE_MAX)
+        if not limit:
+            return []
+        rows = yield _Query(self.sql.claim[table], (lease, limit), True)
+        rows.sort()
+        return self._entries(table, rows)
+
+    def due_timers(self, now: Any) -> _Op:
+        now = _checks.as_now(now)
+        rows = yield _Query(self.sql.due_timers, (now,), True)
+        return rows
+
+    def claim_due_timers(self, now: Any, limit: Any, lease: Any) -> _Op:
+        now = _checks.as_now(now)
+        limit = _checks.as_limit(limit)
+        lease = min(_checks.as_lease(lease), _LEASE_MAX)
+        if not limit:
+            return []
+        rows = yield _Query(self.sql.claim_timers, (lease, now, limit), True)
+        rows.sort()
+        return [(eid, path, fire_at) for fire_at, _, eid, path in rows]
+
+    def delete_timer(self, execution_id: Any, path: Any, fire_at: Any) -> _Op:
+        _checks.str_id(execution_id, "execution_id")
+        _checks.str_id(path, "path")
+        fire_at = _checks.as_time(fire_at, "fire_at")
+        yield _Query(self.sql.delete_timer, (execution_id, path, fire_at), True)
+
+    # --- trace, retention, monitoring --------------------------------------------------
+
+    def record_trace(self, execution_id: Any, entry: Any) -> _Op:
+        step = _checks.trace_step(entry, "trace entry")
+        _checks.str_id(execution_id, "execution_id")
+        params = {
+            "id": execution_id,
+            "step": _Blobs([_pack(self._encode(step, "the trace entry"))]),
+            "keep": self.trace_max or 0,
+        }
+        yield _Query(self.sql.record_trace, params, True)
+
+    def read_trace(self, execution_id: Any) -> _Op:
+        _checks.str_id(execution_id, "execution_id")
+        rows = yield _Query(self.sql.read_trace, (execution_id,), True)
+        decode = self.codec.decode_value
+        steps = []
+        for index, data in rows:
+            step = decode(_unpack(data))
+            if "index" not in step:
+                step["index"] = index
+            steps.append(step)
+        return steps
+
+    def forget(self, execution_id: Any) -> _Op:
+        _checks.str_id(execution_id, "execution_id")
+        # The execution's row is locked first: a commit in flight holds it until it has
+        # landed, and the deletes, a statement later, see everything it wrote.
+        yield _Query("BEGIN")
+        yield _Query(self.sql.lock, (execution_id,), True)
+        yield _Query(self.sql.forget, {"id": execution_id}, True)
+        yield _Query("COMMIT")
+
+    def stats(self) -> _Op:
+        rows = yield _Query(self.sql.stats)
+        return dict(zip(_STATS_KEYS, rows[0]))
+
+    # --- helpers -----------------------------------------------------------------------
+
+    def _entries(self, table: str, rows: list[Any]) -> list[Any]:
+        decode = self.codec.decode_value
+        if table == "outbox":
+            return [OutboxEntry(seq, target, decode(_unpack(event))) for seq, target, event in rows]
+        return [
+            SpawnEntry(seq, parent, child, decode(_unpack(root)), decode(_unpack(context)))
+            for seq, parent, child, root, context in rows
+        ]
+
+    def _encode_exe(self, exe: Any, eid: str) -> Any:
+        return _codec.encode_execution(self.codec, exe, eid)
+
+    def _encode(self, value: Any, what: str, i: int = -1) -> Any:
+        return _codec.encode_value(self.codec, value, what, i)
+
+    def _digest(self, body: _checks.Body, commit_id: str) -> bytes:
+        """What a replay of ``commit_id`` is compared with: a SHA-256 of the body in the
+        codec's canonical encoding (:func:`harel_store.body_digest`, as every
+        durable store)."""
+        try:
+            return body_digest(self.canonical, body)
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+            raise TypeError(f"cannot encode the body of commit {commit_id!r}: {exc}") from exc
+
+
+def _pack(data: str | bytes) -> bytes:
+    """An encoded value as stored: a tag byte, then UTF-8 (``str``) or the bytes."""
+    if type(data) is str:
+        return b"t" + data.encode("utf-8", "surrogatepass")
+    return b"b" + data  # type: ignore[operator]
+
+
+def _unpack(data: bytes) -> str | bytes:
+    if data[0] == _TEXT:
+        return data[1:].decode("utf-8", "surrogatepass")
+    return data[1:]
+
+
+class _Texts(list):  # type: ignore[type-arg]
+    """A ``text[]`` parameter, typed even when empty (see :func:`_adapt`)."""
+
+
+class _Blobs(list):  # type: ignore[type-arg]
+    """A ``bytea[]`` parameter."""
+
+
+class _Floats(list):  # type: ignore[type-arg]
+    """A ``float8[]`` parameter."""
+
+
+class _Ints(list):  # type: ignore[type-arg]
+    """A ``bigint[]`` parameter."""
+
+
+_ARRAYS = {_Texts: "text", _Blobs: "bytea", _Floats: "float8", _Ints: "int8"}
+
+# Operations that write what a retry could write twice; the others are retried once on a
+# new connection when theirs fails.
+_NO_RETRY = frozenset(["commit", "save", "record_trace"])

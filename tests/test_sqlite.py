@@ -732,7 +732,7 @@ def test_a_missing_directory_is_a_store_error(tmp_path: Path) -> None:
 
 
 def test_an_older_schema_is_migrated(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import harel_store.sqlite as module
+    import harel_store.sqlite._schema as module
 
     with SqliteStore(path) as store:
         store.commit(Execution(id="e1"), [("t", "kept")])

@@ -58,7 +58,12 @@ PACKAGE_FILES = {
     "_store_py.py",
     "postgres.py",
     "py.typed",
-    "sqlite.py",
+    "sqlite/__init__.py",
+    "sqlite/_aio.py",
+    "sqlite/_connection.py",
+    "sqlite/_copying.py",
+    "sqlite/_schema.py",
+    "sqlite/_store.py",
 }
 GENERATED = (".c", ".so", ".pyd", ".html", ".pyc", ".o")
 BUILD_SOURCES = (".pyx", ".pxd", ".pxi", ".c", ".h", ".cpp", ".html")

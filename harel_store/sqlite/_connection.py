@@ -1,0 +1,155 @@
+"""The SQLite store's connection: the constructor's arguments, checked; the file name as
+SQLite is given it; write transactions; the driver's errors as the store's own."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import time
+import urllib.parse
+from collections.abc import Callable
+from typing import Any
+
+from .. import _checks
+from .._codec import JSON
+from .._errors import StoreError
+
+SYNCHRONOUS = ("NORMAL", "FULL")
+BUSY_TIMEOUT_MAX = (2**31 - 1) / 1000  # SQLite's busy timeout is an int of milliseconds
+_MEMORY = ":memory:"
+
+
+def _closed() -> ValueError:
+    return ValueError("I/O operation on a closed store")
+
+
+def _uri(path: str) -> str:
+    """What ``sqlite3.connect`` is given for ``path``: a ``file:`` URI that names the file
+    and nothing else. A SQLite built with ``SQLITE_USE_URI`` would read a path that starts
+    with ``file:`` as a URI itself (``file::memory:``, ``file:x.db?mode=ro``)."""
+    if path == _MEMORY:
+        return path
+    quoted = urllib.parse.quote_from_bytes(os.fsencode(path), safe="/")
+    # "file://" starts an authority: an absolute path follows an empty one.
+    return f"file://{quoted}" if quoted.startswith("/") else f"file:{quoted}"
+
+
+def _options(
+    path: Any, trace_max: Any, codec: Any, synchronous: Any, busy_timeout: Any, clock: Any
+) -> tuple[str, int | None, Any, str, float, Callable[[], float]]:
+    """The constructor's arguments, checked (shared by the sync and async stores)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or a path, got {type(path).__name__}")
+    path = os.fspath(path)
+    if not isinstance(path, str):
+        raise TypeError(f"path must be a str or a path, got {type(path).__name__}")
+    if not path:
+        raise ValueError("path must not be empty (':memory:' opens a private in-memory database)")
+    if "\0" in path:  # in a URI, SQLite would end the file name there
+        raise ValueError(f"path must not hold a NUL character, got {path!r}")
+    if path.endswith(os.sep) or (os.altsep is not None and path.endswith(os.altsep)):
+        raise ValueError(f"path must name a file, not a directory: {path!r} ends with a separator")
+    size = _checks.as_trace_max(trace_max)
+    if codec is None:
+        codec = JSON
+    else:
+        _checks.as_codec(codec)
+    if not isinstance(synchronous, str):
+        raise TypeError(f"synchronous must be a str, got {type(synchronous).__name__}")
+    if synchronous.upper() not in SYNCHRONOUS:
+        raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
+    timeout = _checks.as_time(busy_timeout, "busy_timeout")
+    if not timeout > 0.0:
+        raise ValueError(f"busy_timeout must be a positive number of seconds, got {busy_timeout!r}")
+    if timeout > BUSY_TIMEOUT_MAX:
+        raise ValueError(
+            f"busy_timeout must be at most {BUSY_TIMEOUT_MAX} seconds (SQLite's limit, "
+            f"2**31 - 1 milliseconds: about 24.8 days), got {busy_timeout!r}"
+        )
+    if clock is None:
+        clock = time.time
+    elif not callable(clock):
+        raise TypeError(f"clock must be a function giving seconds, got {type(clock).__name__}")
+    return path, size, codec, synchronous.upper(), timeout, clock
+
+
+def _begin(conn: sqlite3.Connection, path: str) -> None:
+    """Open a write transaction, waiting up to ``busy_timeout`` for another writer's lock;
+    a lock held longer is a ``StoreError``, not the driver's ``database is locked``."""
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.Error as exc:
+        if not (isinstance(exc, sqlite3.OperationalError) and _is_busy(exc)):
+            raise _write_failed(path, exc) from exc
+        raise StoreError(
+            f"the SQLite database {path!r} stayed locked by another writer for longer than "
+            f"busy_timeout: nothing was written ({exc})"
+        ) from exc
+
+
+def _write_failed(path: str, exc: sqlite3.Error) -> StoreError:
+    """The driver's error from a write transaction (rolled back), as the store's own: a
+    file it may read but not write, a damaged file, a full disk."""
+    return StoreError(f"writing to the SQLite database {path!r} failed, nothing was written: {exc}")
+
+
+def _read_failed(path: str, exc: sqlite3.Error) -> StoreError:
+    return StoreError(f"reading the SQLite database {path!r} failed: {exc}")
+
+
+def _rollback(conn: sqlite3.Connection, exe: Any = None, version: int | None = None) -> None:
+    """Undo the open transaction, and the version a failed commit may have set."""
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
+    if exe is not None:
+        with contextlib.suppress(Exception):  # the error being raised is the one to show
+            if exe.version != version:
+                exe.version = version
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return code & 0xFF in (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
+def _id(value: Any, what: str) -> None:
+    """An id of a durable store (a ``str``) that SQLite can hold (see :func:`_text`)."""
+    if type(value) is not str:
+        _checks.str_id(value, what)
+    _text(value, what)
+
+
+def _text(text: Any, what: str, i: int = -1) -> None:
+    """Refuse a ``str`` that SQLite cannot hold, before anything is written (``what % i``
+    names it): the driver hands SQLite text as UTF-8, which has no lone surrogates."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise _not_utf8(text, exc.start, what if i < 0 else what % i) from None
+
+
+def _texts(eid: str, body: _checks.Body, commit_id: str | None) -> None:
+    """:func:`_text` for every id of a commit."""
+    _text(eid, "execution id")
+    if body.processed_event_id is not None:
+        _text(body.processed_event_id, "processed_event_id")
+    for i, (target, _) in enumerate(body.emits):
+        if target is not None:
+            _text(target, "emits[%d] target_id", i)
+    for i, op in enumerate(body.timers):
+        _text(op.path, "timers[%d].path", i)
+    for i, spawn in enumerate(body.spawns):
+        _text(spawn[0], "spawns[%d] child_id", i)
+    if commit_id is not None:
+        _text(commit_id, "commit_id")
+
+
+def _not_utf8(text: str, index: int, what: str) -> ValueError:
+    return ValueError(
+        f"SQLite text cannot hold lone surrogates: {what} {text!r} has {text[index]!r} "
+        f"at index {index}"
+    )

@@ -1,0 +1,228 @@
+"""The SQLite store's schema: :data:`MIGRATIONS` (the list whose index is the version it
+upgrades from), every SQL statement the stores run, and what happens at open: the schema
+checked (a foreign, newer or damaged database is refused, unchanged), then created or
+upgraded. The schema is read here, so a test that swaps ``MIGRATIONS`` patches this module."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+from .._errors import StoreError
+from ._connection import _MEMORY, _is_busy, _rollback
+
+SCHEMA_TABLE = "harel_store_schema"
+
+# MIGRATIONS[v] takes a database from schema version v to v + 1; never edit a released one.
+MIGRATIONS: list[tuple[str, ...]] = [
+    (
+        f"CREATE TABLE {SCHEMA_TABLE} (version INTEGER NOT NULL)",
+        f"INSERT INTO {SCHEMA_TABLE} (version) VALUES (0)",
+        (
+            "CREATE TABLE executions ("
+            " id TEXT PRIMARY KEY, version INTEGER NOT NULL, epoch INTEGER, body BLOB NOT NULL)"
+        ),
+        (
+            "CREATE TABLE outbox ("
+            " seq INTEGER PRIMARY KEY AUTOINCREMENT, target_id TEXT, event BLOB NOT NULL,"
+            " lease_until REAL NOT NULL DEFAULT 0)"
+        ),
+        (
+            "CREATE TABLE spawns ("
+            " seq INTEGER PRIMARY KEY AUTOINCREMENT, parent_id TEXT NOT NULL,"
+            " child_id TEXT NOT NULL, root_path BLOB NOT NULL, context BLOB NOT NULL,"
+            " lease_until REAL NOT NULL DEFAULT 0)"
+        ),
+        (
+            "CREATE TABLE processed ("
+            " execution_id TEXT NOT NULL, event_id TEXT NOT NULL,"
+            " PRIMARY KEY (execution_id, event_id)) WITHOUT ROWID"
+        ),
+        (
+            "CREATE TABLE timers ("
+            " seq INTEGER PRIMARY KEY AUTOINCREMENT, execution_id TEXT NOT NULL,"
+            " path TEXT NOT NULL, fire_at REAL NOT NULL, lease_until REAL NOT NULL DEFAULT 0,"
+            " UNIQUE (execution_id, path))"
+        ),
+        "CREATE INDEX timers_by_fire_at ON timers (fire_at, seq)",
+        (
+            "CREATE TABLE trace ("
+            " n INTEGER PRIMARY KEY, execution_id TEXT NOT NULL, idx INTEGER NOT NULL,"
+            " step BLOB NOT NULL)"
+        ),
+        "CREATE INDEX trace_by_execution ON trace (execution_id, n)",
+        (
+            "CREATE TABLE trace_index ("
+            " execution_id TEXT PRIMARY KEY, next_index INTEGER NOT NULL,"
+            " steps INTEGER NOT NULL) WITHOUT ROWID"
+        ),
+        (
+            "CREATE TABLE commit_ids ("
+            " execution_id TEXT NOT NULL, commit_id TEXT NOT NULL, digest BLOB NOT NULL,"
+            " version INTEGER NOT NULL, PRIMARY KEY (execution_id, commit_id)) WITHOUT ROWID"
+        ),
+        "CREATE TABLE work (id INTEGER PRIMARY KEY CHECK (id = 1), n INTEGER NOT NULL)",
+        "INSERT INTO work (id, n) VALUES (1, 0)",
+    ),
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+# What the migrations make, by name: a database at SCHEMA_VERSION must hold all of it.
+SCHEMA_OBJECTS = frozenset(
+    sql.split()[2] for step in MIGRATIONS for sql in step if sql.startswith("CREATE ")
+)
+
+_CAS = "UPDATE executions SET version = ?, body = ? WHERE id = ? AND version = ?"
+_CAS_EPOCH = (
+    "UPDATE executions SET version = ?, body = ?, epoch = ?"
+    " WHERE id = ? AND version = ? AND (epoch IS NULL OR epoch <= ?)"
+)
+_FIND = "SELECT version, epoch FROM executions WHERE id = ?"
+_LOAD = "SELECT version, body FROM executions WHERE id = ?"
+_INSERT = "INSERT INTO executions (id, version, epoch, body) VALUES (?, ?, ?, ?)"
+_EMIT = "INSERT INTO outbox (target_id, event) VALUES (?, ?)"
+_MARK = "INSERT OR IGNORE INTO processed (execution_id, event_id) VALUES (?, ?)"
+_ARM = "INSERT OR REPLACE INTO timers (execution_id, path, fire_at) VALUES (?, ?, ?)"
+_DISARM = "DELETE FROM timers WHERE execution_id = ? AND path = ?"
+_SPAWN = "INSERT INTO spawns (parent_id, child_id, root_path, context) VALUES (?, ?, ?, ?)"
+_DONE = "SELECT digest, version FROM commit_ids WHERE execution_id = ? AND commit_id = ?"
+_RECORD = "INSERT INTO commit_ids (execution_id, commit_id, digest, version) VALUES (?, ?, ?, ?)"
+_BUMP = "UPDATE work SET n = n + 1"
+_TRACE_INDEX = "SELECT next_index, steps FROM trace_index WHERE execution_id = ?"
+_FORGET = tuple(
+    f"DELETE FROM {table} WHERE {column} = ?"
+    for table, column in (
+        ("executions", "id"),
+        ("processed", "execution_id"),
+        ("timers", "execution_id"),
+        ("trace", "execution_id"),
+        ("trace_index", "execution_id"),
+        ("commit_ids", "execution_id"),
+    )
+)
+_STATS = "SELECT " + ", ".join(
+    f"(SELECT count(*) FROM {table})"
+    for table in ("executions", "outbox", "spawns", "timers", "processed", "trace_index", "trace")
+)
+_STATS_KEYS = ("executions", "outbox", "spawns", "timers", "processed", "traces", "trace_steps")
+_CLAIM = {
+    "outbox": (
+        "SELECT seq, target_id, event FROM outbox WHERE lease_until <= ? ORDER BY seq LIMIT ?",
+        "UPDATE outbox SET lease_until = ? WHERE seq = ?",
+    ),
+    "spawns": (
+        (
+            "SELECT seq, parent_id, child_id, root_path, context FROM spawns"
+            " WHERE lease_until <= ? ORDER BY seq LIMIT ?"
+        ),
+        "UPDATE spawns SET lease_until = ? WHERE seq = ?",
+    ),
+}
+_CLAIM_TIMERS = (
+    "SELECT seq, execution_id, path, fire_at FROM timers"
+    " WHERE fire_at <= ? AND lease_until <= ? ORDER BY fire_at, seq LIMIT ?"
+)
+_LEASE_TIMER = "UPDATE timers SET lease_until = ? WHERE seq = ?"
+
+
+# Copying (SqliteStore._dump and _restore): the tables a copy reads and writes, and the
+# names of what they hold.
+_COPIED = (
+    ("executions", "executions"), ("processed", "processed marks"), ("commit_ids", "commit ids"),
+    ("trace_index", "trace rings"), ("timers", "timers"), ("outbox", "outbox entries"),
+    ("spawns", "spawn intents"),
+)  # fmt: skip
+_HELD = "SELECT " + ", ".join(f"(SELECT count(*) FROM {table})" for table, _ in _COPIED)
+_HELD_KEYS = tuple(what for _, what in _COPIED)
+_DUMP_TOTAL = "SELECT 1 + " + " + ".join(f"(SELECT count(*) FROM {t})" for t, _ in _COPIED)
+_LAST_SEQS = "SELECT name, seq FROM sqlite_sequence WHERE name IN ('outbox', 'spawns')"
+_SEQ_UPDATE = "UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = ?"
+_RESTORE_MARK = "INSERT INTO processed (execution_id, event_id) VALUES (?, ?)"
+_RESTORE_STEP = "INSERT INTO trace (execution_id, idx, step) VALUES (?, ?, ?)"
+_RESTORE_RING = "INSERT INTO trace_index (execution_id, next_index, steps) VALUES (?, ?, ?)"
+_RESTORE_TIMER = "INSERT INTO timers (execution_id, path, fire_at) VALUES (?, ?, ?)"
+_RESTORE_EMIT = "INSERT INTO outbox (seq, target_id, event) VALUES (?, ?, ?)"
+_RESTORE_SPAWN = (
+    "INSERT INTO spawns (seq, parent_id, child_id, root_path, context) VALUES (?, ?, ?, ?, ?)"
+)
+# The statement of a restore per kind of row of _transfer.durable_rows, each with a batch of
+# rows (no table refers to another).
+_RESTORE = {
+    "execution": _INSERT, "mark": _RESTORE_MARK, "commit": _RECORD, "step": _RESTORE_STEP,
+    "trace": _RESTORE_RING, "timer": _RESTORE_TIMER, "outbox": _RESTORE_EMIT,
+    "spawn": _RESTORE_SPAWN,
+}  # fmt: skip
+_BATCH = 500  # rows per executemany while restoring
+
+
+def _prepare(conn: sqlite3.Connection, path: str, synchronous: str, timeout: float) -> None:
+    """:func:`_prepare_once`, tried again while another process holds a lock it needs:
+    switching to WAL mode fails at once, without the busy timeout, while another
+    connection opens the same fresh file. Each step is safe to repeat."""
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while True:
+        try:
+            _prepare_once(conn, path, synchronous)
+            return
+        except sqlite3.OperationalError as exc:
+            if not _is_busy(exc) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2.0, 0.05)
+
+
+def _prepare_once(conn: sqlite3.Connection, path: str, synchronous: str) -> None:
+    """Check the schema, refusing a foreign or newer one before changing anything; then
+    WAL mode and ``synchronous``; then create or upgrade the schema."""
+    version = _schema_version(conn, path)
+    if path != _MEMORY:
+        conn.execute("PRAGMA journal_mode = WAL").fetchone()
+    conn.execute(f"PRAGMA synchronous = {synchronous}")
+    if version == SCHEMA_VERSION:
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = _schema_version(conn, path)  # another process may have got there first
+        for step in range(version, SCHEMA_VERSION):
+            for sql in MIGRATIONS[step]:
+                conn.execute(sql)
+            conn.execute(f"UPDATE {SCHEMA_TABLE} SET version = ?", (step + 1,))
+        conn.execute("COMMIT")
+    except BaseException:
+        _rollback(conn)
+        raise
+
+
+def _schema_version(conn: sqlite3.Connection, path: str) -> int:
+    """The schema version of this package's tables, ``0`` for an empty database; a
+    ``StoreError`` for a database that is not this package's or is newer than it."""
+    names = {
+        name
+        for (name,) in conn.execute("SELECT name FROM sqlite_master")
+        if not name.startswith("sqlite_")
+    }
+    if SCHEMA_TABLE not in names:
+        if names:
+            shown = ", ".join(sorted(names)[:5]) + (", ..." if len(names) > 5 else "")
+            raise StoreError(
+                f"{path!r} is not a harel_store database: it holds {shown} and no "
+                f"{SCHEMA_TABLE} table; nothing was changed"
+            )
+        return 0
+    rows = conn.execute(f"SELECT version FROM {SCHEMA_TABLE}").fetchall()
+    if len(rows) != 1 or type(rows[0][0]) is not int or rows[0][0] < 0:
+        raise StoreError(f"{path!r}: the {SCHEMA_TABLE} table is damaged ({rows[:3]!r})")
+    version: int = rows[0][0]
+    missing = SCHEMA_OBJECTS - names
+    if version == SCHEMA_VERSION and missing:
+        raise StoreError(
+            f"{path!r}: the harel_store database is damaged: it lacks "
+            f"{', '.join(sorted(missing))}; nothing was changed"
+        )
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"{path!r} has harel_store schema version {version}, newer than this "
+            f"harel_store's ({SCHEMA_VERSION}): upgrade harel_store to open it; "
+            "nothing was changed"
+        )
+    return version

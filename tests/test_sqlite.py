@@ -43,6 +43,7 @@ from harel_store import (
     StoreError,
     TimerOp,
 )
+from harel_store._checks import KEY_BYTES_MAX
 from harel_store.sqlite import (
     JSON,
     MIGRATIONS,
@@ -365,6 +366,134 @@ def test_a_copy_of_an_id_sqlite_cannot_hold_is_a_value_error(
     store = opened()
     with pytest.raises(ValueError, match=r"lone surrogates: .* 'a\\udcff' has"):
         harel_store.copy_store(src, store)
+    assert store.stats() == dict.fromkeys(store.stats(), 0)
+
+
+# An id is a key: at most KEY_BYTES_MAX (1,000) bytes of UTF-8, as in every durable store.
+LONG = "k" * (KEY_BYTES_MAX + 1)
+LONGEST = "k" * KEY_BYTES_MAX
+
+
+def too_long(named: str, size: int = KEY_BYTES_MAX + 1) -> str:
+    return (
+        f"{named} is {size:,} bytes in UTF-8; a durable store holds ids of at most "
+        f"{KEY_BYTES_MAX:,} bytes"
+    )
+
+
+@pytest.mark.parametrize(
+    ("call", "named"),
+    [
+        (lambda s, b: s.commit(Execution(id=b), []), "execution id"),
+        (lambda s, b: s.save(Execution(id=b)), "execution id"),
+        (lambda s, b: s.commit(Execution(id="e2"), [("t", 1), (b, "ev")]), "emits[1] target_id"),
+        (lambda s, b: s.commit(Execution(id="e2"), [], b), "processed_event_id"),
+        (
+            lambda s, b: s.commit(
+                Execution(id="e2"), [], timers=[TimerOp("cancel", "p"), TimerOp("schedule", b, 2)]
+            ),
+            "timers[1].path",
+        ),
+        (
+            lambda s, b: s.commit(Execution(id="e2"), [], spawns=[(b, "r", {})]),
+            "spawns[0] child_id",
+        ),
+        (lambda s, b: s.commit(Execution(id="e2"), [], commit_id=b), "commit_id"),
+        (lambda s, b: s.append_trace(b, {}), "execution_id"),
+        (lambda s, b: s.load(b), "execution_id"),
+        (lambda s, b: s.is_processed(b, "v1"), "execution_id"),
+        (lambda s, b: s.is_processed("e1", b), "event_id"),
+        (lambda s, b: s.delete_timer(b, "p", 1.0), "execution_id"),
+        (lambda s, b: s.delete_timer("e1", b, 1.0), "path"),
+        (lambda s, b: s.forget(b), "execution_id"),
+        (lambda s, b: s.read_trace(b), "execution_id"),
+    ],
+)
+def test_an_id_longer_than_a_key_is_a_value_error_naming_it_and_nothing_is_written(
+    opened: Callable[..., SqliteStore], call: Any, named: str
+) -> None:
+    store = opened()
+    store.commit(Execution(id="e1"), [("t", "first")], "v1", [TimerOp("schedule", "p", 1.0)])
+    before = everything(store)
+    with pytest.raises(ValueError) as info:
+        call(store, LONG)
+    assert str(info.value) == too_long(named)
+    assert everything(store) == before
+    call(store, LONGEST)  # a key of the longest length is taken
+
+
+def test_ids_of_the_longest_length_are_kept_and_found(opened: Callable[..., SqliteStore]) -> None:
+    store = opened()
+    ids = {part: part[0] * KEY_BYTES_MAX for part in ("exe", "target", "mark", "path", "child")}
+    exe = Execution(id=ids["exe"])
+    store.save(exe)
+    store.commit(
+        exe, [(ids["target"], "ev")], ids["mark"], [TimerOp("schedule", ids["path"], 1.0)],
+        [(ids["child"], "r", {})], {"step": 1}, commit_id="c" * KEY_BYTES_MAX,
+    )  # fmt: skip
+    assert store.load(ids["exe"]).version == 2
+    assert store.is_processed(ids["exe"], ids["mark"])
+    assert [e.target_id for e in store.pending_outbox()] == [ids["target"]]
+    assert [e.child_id for e in store.pending_spawns()] == [ids["child"]]
+    assert store.due_timers(1.0) == [(ids["exe"], ids["path"], 1.0)]
+    store.append_trace(ids["exe"], {"step": 2})
+    assert [s["step"] for s in store.read_trace(ids["exe"])] == [1, 2]
+    store.delete_timer(ids["exe"], ids["path"], 1.0)
+    store.forget(ids["exe"])
+    assert store.load(ids["exe"]) is None
+
+
+@pytest.mark.parametrize("char", ["é", "€", "😀"], ids=["2-bytes", "3-bytes", "4-bytes"])
+def test_an_id_is_measured_in_bytes_of_utf8(opened: Callable[..., SqliteStore], char: str) -> None:
+    size = len(char.encode("utf-8"))
+    fits = char * (KEY_BYTES_MAX // size)
+    over = fits + char  # far fewer than 1,000 characters
+    store = opened()
+    store.commit(Execution(id=fits), [], "v1")
+    assert store.is_processed(fits, "v1")
+    with pytest.raises(ValueError) as info:
+        store.commit(Execution(id=over), [])
+    assert str(info.value) == too_long("execution id", len(over) * size)
+    assert len(over) < KEY_BYTES_MAX
+    assert store.stats()["executions"] == 1
+
+
+@pytest.mark.parametrize(
+    ("fill", "named"),
+    [
+        (lambda s: s.commit(Execution(id=LONG), []), "the id of an execution to copy"),
+        (
+            lambda s: s.commit(Execution(id="e2"), [], LONG),
+            "the event id of a processed mark to copy",
+        ),
+        (
+            lambda s: s.commit(Execution(id="e2"), [], commit_id=LONG),
+            "a commit id to copy",
+        ),
+        (
+            lambda s: s.commit(Execution(id="e2"), [], timers=[TimerOp("schedule", LONG, 1.0)]),
+            "the path of a timer to copy",
+        ),
+        (
+            lambda s: s.commit(Execution(id="e2"), [(LONG, "ev")]),
+            "the target_id of an outbox entry to copy",
+        ),
+        (
+            lambda s: s.commit(Execution(id="e2"), [], spawns=[(LONG, "r", {})]),
+            "the child_id of a spawn intent to copy",
+        ),
+    ],
+)
+def test_a_copy_of_an_id_longer_than_a_key_is_a_value_error_with_nothing_written(
+    opened: Callable[..., SqliteStore], fill: Any, named: str
+) -> None:
+    src = harel_store.DictStore()
+    src.commit(Execution(id="e1"), [("t", 1)], "v1", trace={"step": 1})
+    fill(src)
+    store = opened()
+    with pytest.raises(ValueError) as info:
+        harel_store.copy_store(src, store)
+    assert str(info.value) == too_long(named)
     assert store.stats() == dict.fromkeys(store.stats(), 0)
 
 

@@ -116,20 +116,24 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
 
 
 def _id(value: Any, what: str) -> None:
-    """An id of a durable store (a ``str``) that SQLite can hold (see :func:`_text`)."""
+    """An id of a durable store (a ``str``) that SQLite can hold as a key (see
+    :func:`_text`)."""
     if type(value) is not str:
         _checks.str_id(value, what)
     _text(value, what)
 
 
 def _text(text: Any, what: str, i: int = -1) -> None:
-    """Refuse a ``str`` that SQLite cannot hold, before anything is written (``what % i``
-    names it): the driver hands SQLite text as UTF-8, which has no lone surrogates."""
+    """Refuse a ``str`` id that SQLite cannot hold as a key, before anything is written
+    (``what % i`` names it): the driver hands SQLite text as UTF-8, which has no lone
+    surrogates, and a key is at most :data:`harel_store._checks.KEY_BYTES_MAX` bytes of
+    it, as in every durable store."""
     if not text.isascii():
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise _not_utf8(text, exc.start, what if i < 0 else what % i) from None
+    _checks.durable_key(text, what, i)
 
 
 def _texts(eid: str, body: _checks.Body, commit_id: str | None) -> None:

@@ -17,6 +17,7 @@ import enum
 import math
 import os
 import pickle
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -819,14 +820,60 @@ def test_a_newer_schema_is_refused_unchanged(path: Path) -> None:
     refused_unchanged(path, f"schema version {SCHEMA_VERSION + 1}, newer")
 
 
-def test_a_damaged_schema_table_is_refused(path: Path) -> None:
-    SqliteStore(path).close()
+# A row the schema made and needs, missing or malformed: each as the SQL that damages it,
+# and what the refusal says the table holds.
+DAMAGED_ROWS = {
+    "version-twice": ("INSERT INTO harel_store_schema VALUES (1)", "harel_store_schema", "(1,), (1,)"),
+    "version-lost": ("DELETE FROM harel_store_schema", "harel_store_schema", ""),
+    "version-text": ("UPDATE harel_store_schema SET version = 'one'", "harel_store_schema", "('one',)"),
+    "version-negative": ("UPDATE harel_store_schema SET version = -1", "harel_store_schema", "(-1,)"),
+    "work-lost": ("DELETE FROM work", "work", ""),
+    "work-text": ("UPDATE work SET n = 'many'", "work", "('many',)"),
+    "work-real": ("UPDATE work SET n = 1.5", "work", "(1.5,)"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("damage", "table", "held"), DAMAGED_ROWS.values(), ids=list(DAMAGED_ROWS))
+def test_a_row_the_schema_needs_missing_or_malformed_is_refused_unchanged(
+    path: Path, damage: str, table: str, held: str
+) -> None:
+    with SqliteStore(path) as store:
+        store.commit(Execution(id="e1"), [("t", "kept")])
     conn = sqlite3.connect(path)
     conn.execute("PRAGMA journal_mode = DELETE")
-    conn.execute("INSERT INTO harel_store_schema VALUES (1)")
+    conn.execute(damage)
     conn.commit()
     conn.close()
-    refused_unchanged(path, "damaged")
+    refused_unchanged(
+        path,
+        re.escape(
+            f"{str(path)!r}: the harel_store database is damaged: its {table} table holds "
+            f"[{held}], not one "
+        )
+        + r"(version|counter); nothing was changed$",
+    )
+
+
+def test_a_work_counter_lost_while_open_is_a_store_error(path: Path) -> None:
+    def lose_it() -> None:
+        conn = sqlite3.connect(path)
+        conn.execute("DELETE FROM work")
+        conn.commit()
+        conn.close()
+
+    with SqliteStore(path) as store:
+        lose_it()
+        with pytest.raises(StoreError, match="damaged: its work table holds"):
+            store.wait_for_work(0.0)
+    path.unlink()
+
+    async def main() -> None:
+        async with AsyncSqliteStore(path) as astore:
+            lose_it()
+            await astore.wait_for_work(0.0)
+
+    with pytest.raises(StoreError, match="damaged: its work table holds"):
+        asyncio.run(main())
 
 
 @pytest.mark.parametrize("lost", ["work", "trace", "timers_by_fire_at", "every table"])

@@ -87,6 +87,7 @@ _SPAWN = "INSERT INTO spawns (parent_id, child_id, root_path, context) VALUES (?
 _DONE = "SELECT digest, version FROM commit_ids WHERE execution_id = ? AND commit_id = ?"
 _RECORD = "INSERT INTO commit_ids (execution_id, commit_id, digest, version) VALUES (?, ?, ?, ?)"
 _BUMP = "UPDATE work SET n = n + 1"
+_WORK = "SELECT n FROM work"
 _TRACE_INDEX = "SELECT next_index, steps FROM trace_index WHERE execution_id = ?"
 _FORGET = tuple(
     f"DELETE FROM {table} WHERE {column} = ?"
@@ -195,7 +196,9 @@ def _prepare_once(conn: sqlite3.Connection, path: str, synchronous: str) -> None
 
 def _schema_version(conn: sqlite3.Connection, path: str) -> int:
     """The schema version of this package's tables, ``0`` for an empty database; a
-    ``StoreError`` for a database that is not this package's or is newer than it."""
+    ``StoreError`` for a database that is not this package's, is newer than it, or is
+    damaged: a row the schema needs (the version, the work counter) missing or
+    malformed, or a table or index missing."""
     names = {
         name
         for (name,) in conn.execute("SELECT name FROM sqlite_master")
@@ -211,18 +214,31 @@ def _schema_version(conn: sqlite3.Connection, path: str) -> int:
         return 0
     rows = conn.execute(f"SELECT version FROM {SCHEMA_TABLE}").fetchall()
     if len(rows) != 1 or type(rows[0][0]) is not int or rows[0][0] < 0:
-        raise StoreError(f"{path!r}: the {SCHEMA_TABLE} table is damaged ({rows[:3]!r})")
+        raise _damaged(path, f"its {SCHEMA_TABLE} table holds {rows[:3]!r}, not one version")
     version: int = rows[0][0]
     missing = SCHEMA_OBJECTS - names
     if version == SCHEMA_VERSION and missing:
-        raise StoreError(
-            f"{path!r}: the harel_store database is damaged: it lacks "
-            f"{', '.join(sorted(missing))}; nothing was changed"
-        )
+        raise _damaged(path, f"it lacks {', '.join(sorted(missing))}")
     if version > SCHEMA_VERSION:
         raise StoreError(
             f"{path!r} has harel_store schema version {version}, newer than this "
             f"harel_store's ({SCHEMA_VERSION}): upgrade harel_store to open it; "
             "nothing was changed"
         )
+    if "work" in names:
+        _work_counter(conn, path)
     return version
+
+
+def _work_counter(conn: sqlite3.Connection, path: str) -> int:
+    """The work counter: the one row of ``work``, an integer, which the schema made; a
+    ``StoreError`` of a damaged database when it is missing or malformed."""
+    rows = conn.execute(_WORK).fetchall()
+    if len(rows) != 1 or type(rows[0][0]) is not int:
+        raise _damaged(path, f"its work table holds {rows[:3]!r}, not one counter")
+    n: int = rows[0][0]
+    return n
+
+
+def _damaged(path: str, what: str) -> StoreError:
+    return StoreError(f"{path!r}: the harel_store database is damaged: {what}; nothing was changed")

@@ -50,6 +50,7 @@ from ._schema import (
     _STATS_KEYS,
     _TRACE_INDEX,
     _prepare,
+    _work_counter,
 )
 
 if TYPE_CHECKING:
@@ -128,7 +129,7 @@ class SqliteStore(_transfer.Uncopyable):
             raise StoreError(f"cannot open the SQLite database {path!r}: {exc}") from exc
         try:
             _prepare(conn, path, synchronous, timeout)
-            self._seen_work = conn.execute("SELECT n FROM work").fetchone()[0]
+            self._seen_work = _work_counter(conn, path)
         except BaseException as exc:
             conn.close()
             if isinstance(exc, sqlite3.Error):
@@ -602,8 +603,14 @@ class SqliteStore(_transfer.Uncopyable):
 
     def _work_count(self) -> int:
         """The work counter, marking nothing seen."""
-        n: int = self._read_one("SELECT n FROM work", ())[0]
-        return n
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise _closed()
+            try:
+                return _work_counter(conn, self._path)
+            except sqlite3.Error as exc:
+                raise _read_failed(self._path, exc) from exc
 
     def _now(self) -> float:
         now = self._clock()

@@ -908,8 +908,12 @@ cdef class DictStore:
         cdef _Slot slot
         cdef dict paths
         cdef list entry
+        cdef double at
         if self._busy:
             raise _reentered("delete_timer")
+        if type(fire_at) is not float:
+            fire_at = _checks.as_time(fire_at, "fire_at")
+        at = PyFloat_AS_DOUBLE(fire_at)
         self._busy = True
         try:
             slot = self._slots.get(execution_id)
@@ -917,7 +921,7 @@ cdef class DictStore:
                 return
             paths = slot.paths
             entry = paths.get(path)
-            if entry is None or not entry[0] == fire_at:
+            if entry is None or PyFloat_AS_DOUBLE(entry[0]) != at:
                 return
             if type(path) is str and not self._mixed:
                 del paths[path]

@@ -878,9 +878,13 @@ class DictStore:
 
     def delete_timer(self, execution_id: Hashable, path: Hashable, fire_at: float) -> None:
         """Disarm the timer only if it still fires at ``fire_at``, so a sweep that read it
-        before a re-arm cannot delete the re-armed timer. Ends its lease."""
+        before a re-arm cannot delete the re-armed timer. Ends its lease. ``fire_at`` is
+        a real number of seconds (else ``TypeError``), compared as the float timers are
+        armed at, as in every store."""
         if self._busy:
             raise _reentered("delete_timer")
+        if type(fire_at) is not float:
+            fire_at = _checks.as_time(fire_at, "fire_at")
         self._busy = True
         try:
             slot = self._slots.get(execution_id)
@@ -888,8 +892,7 @@ class DictStore:
                 return
             paths = slot.paths
             entry = paths.get(path)
-            # `not ==`, as the specification compares, for fire_at objects with their own __eq__
-            if entry is None or not entry[0] == fire_at:  # noqa: SIM201
+            if entry is None or entry[0] != fire_at:
                 return
             if type(path) is str and not self._mixed:
                 del paths[path]

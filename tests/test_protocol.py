@@ -614,6 +614,37 @@ def test_delete_timer_ends_the_lease(cstore: Any) -> None:
     assert cstore.claim_due_timers(5.0) == [("e1", "q", 2.0)]
 
 
+@pytest.mark.parametrize(
+    "fire_at",
+    [True, False, "1.0", None, decimal.Decimal(1), 1j, [1.0]],
+    ids=["True", "False", "str", "None", "Decimal", "complex", "list"],
+)
+def test_delete_timer_refuses_a_fire_at_that_is_not_a_real_number(
+    cstore: Any, fire_at: Any
+) -> None:
+    """One rule in every store (issue 32, item 9): ``True`` is no 1.0, nor ``False`` 0.0,
+    and a str or ``None`` is refused, not ignored."""
+    arm(cstore, "e1", schedule("p", 1.0), schedule("q", 0.0))
+    with pytest.raises(TypeError, match="^fire_at must be a real number of seconds, got "):
+        cstore.delete_timer("e1", "p", fire_at)
+    with pytest.raises(TypeError, match="^fire_at must be a real number of seconds, got "):
+        cstore.delete_timer("e1", "q", fire_at)
+    assert cstore.due_timers(math.inf) == [("e1", "q", 0.0), ("e1", "p", 1.0)]
+
+
+@pytest.mark.parametrize(
+    ("fire_at", "armed"),
+    [(1, 1.0), (Fraction(1), 1.0), (Fraction(1, 3), 1 / 3), (2**80, float(2**80))],
+    ids=["int", "Fraction", "Fraction-third", "big-int"],
+)
+def test_delete_timer_takes_any_real_number_as_the_float_timers_are_armed_at(
+    cstore: Any, fire_at: Any, armed: float
+) -> None:
+    arm(cstore, "e1", schedule("p", armed), schedule("q", 2.5))
+    cstore.delete_timer("e1", "p", fire_at)
+    assert cstore.due_timers(math.inf) == [("e1", "q", 2.5)]
+
+
 @pytest.mark.parametrize("fire_at", [1.0, 2.0, 0.5], ids=["same-time", "later", "earlier"])
 def test_rearming_gives_a_fresh_unleased_timer(cstore: Any, fire_at: float) -> None:
     arm(cstore, "e1", schedule("p", 1.0), schedule("q", 1.5))

@@ -19,12 +19,21 @@ if typing.TYPE_CHECKING:  # Self is in typing from Python 3.11 on
 
 
 class AsyncDictStore:
-    """The in-memory ``AsyncExecutionStore``; see :class:`DictStore` for each method."""
+    """The in-memory ``AsyncExecutionStore``, with the arguments and the methods of
+    :class:`DictStore`, as coroutines; see :class:`DictStore` for each method.
+
+    It wraps the :class:`DictStore` picked at import, so it is compiled too where that
+    one is. No method awaits: each call runs to its end before another task of the event
+    loop can run, so the store is safe across the tasks of one loop without a lock. A
+    store is an async context manager.
+    """
 
     __slots__ = ("_store",)
 
     _sync_type: ClassVar[type[Any]] = DictStore
+    #: As :attr:`DictStore.preserves_identity`.
     preserves_identity = True
+    #: As :attr:`DictStore.durable`.
     durable = False
 
     def __init__(
@@ -54,9 +63,11 @@ class AsyncDictStore:
         self._store.trace_max = value
 
     async def load(self, execution_id: Hashable) -> Any:
+        """The live object saved under ``execution_id``, or ``None``: :meth:`DictStore.load`."""
         return self._store.load(execution_id)
 
     async def save(self, exe: Any, *, epoch: int | None = None) -> None:
+        """CAS-write ``exe`` and bump ``exe.version``: :meth:`DictStore.save`."""
         self._store.save(exe, epoch=epoch)
 
     async def commit(
@@ -71,55 +82,72 @@ class AsyncDictStore:
         commit_id: str | None = None,
         epoch: int | None = None,
     ) -> None:
+        """The event-boundary write, all or nothing: :meth:`DictStore.commit`."""
         self._store.commit(
             exe, emits, processed_event_id, timers, spawns, trace, commit_id=commit_id, epoch=epoch
         )
 
     async def is_processed(self, execution_id: Hashable, event_id: Hashable) -> bool:
+        """Whether a commit of ``execution_id`` recorded ``event_id`` as handled:
+        :meth:`DictStore.is_processed`."""
         return self._store.is_processed(execution_id, event_id)  # type: ignore[no-any-return]
 
     async def pending_outbox(self) -> list[OutboxEntry]:
+        """A copy of the unacked outbox entries, oldest first: :meth:`DictStore.pending_outbox`."""
         return self._store.pending_outbox()  # type: ignore[no-any-return]
 
     async def ack_outbox(self, seq: int) -> None:
+        """Drop the outbox entry ``seq``: :meth:`DictStore.ack_outbox`."""
         self._store.ack_outbox(seq)
 
     async def claim_outbox(self, limit: int = 100, *, lease: float = 30.0) -> list[OutboxEntry]:
+        """Lease up to ``limit`` unleased outbox entries: :meth:`DictStore.claim_outbox`."""
         return self._store.claim_outbox(limit, lease=lease)  # type: ignore[no-any-return]
 
     async def pending_spawns(self) -> list[SpawnEntry]:
+        """A copy of the unacked spawn intents, oldest first: :meth:`DictStore.pending_spawns`."""
         return self._store.pending_spawns()  # type: ignore[no-any-return]
 
     async def ack_spawn(self, seq: int) -> None:
+        """Drop the spawn intent ``seq``: :meth:`DictStore.ack_spawn`."""
         self._store.ack_spawn(seq)
 
     async def claim_spawns(self, limit: int = 100, *, lease: float = 30.0) -> list[SpawnEntry]:
+        """Lease up to ``limit`` unleased spawn intents: :meth:`DictStore.claim_spawns`."""
         return self._store.claim_spawns(limit, lease=lease)  # type: ignore[no-any-return]
 
     async def due_timers(self, now: float) -> list[tuple[Hashable, Hashable, float]]:
+        """The armed timers with ``fire_at <= now``: :meth:`DictStore.due_timers`."""
         return self._store.due_timers(now)  # type: ignore[no-any-return]
 
     async def claim_due_timers(
         self, now: float, limit: int = 100, *, lease: float = 30.0
     ) -> list[tuple[Hashable, Hashable, float]]:
+        """Lease up to ``limit`` unleased due timers: :meth:`DictStore.claim_due_timers`."""
         return self._store.claim_due_timers(now, limit, lease=lease)  # type: ignore[no-any-return]
 
     async def delete_timer(self, execution_id: Hashable, path: Hashable, fire_at: float) -> None:
+        """Disarm the timer if it still fires at ``fire_at``: :meth:`DictStore.delete_timer`."""
         self._store.delete_timer(execution_id, path, fire_at)
 
     async def append_trace(self, execution_id: Hashable, entry: Mapping[str, Any]) -> None:
+        """Record a trace step outside a commit: :meth:`DictStore.append_trace`."""
         self._store.append_trace(execution_id, entry)
 
     async def read_trace(self, execution_id: Hashable) -> list[dict[str, Any]]:
+        """A copy of the recent trace steps: :meth:`DictStore.read_trace`."""
         return self._store.read_trace(execution_id)  # type: ignore[no-any-return]
 
     async def forget(self, execution_id: Hashable) -> None:
+        """Drop an execution and what it holds: :meth:`DictStore.forget`."""
         self._store.forget(execution_id)
 
     async def stats(self) -> dict[str, int]:
+        """Counts for monitoring: :meth:`DictStore.stats`."""
         return self._store.stats()  # type: ignore[no-any-return]
 
     async def close(self) -> None:
+        """Nothing to release: :meth:`DictStore.close`."""
         self._store.close()
 
     def _record_trace(self, execution_id: Hashable, entry: Mapping[str, Any]) -> None:

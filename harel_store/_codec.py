@@ -1,52 +1,11 @@
 """The codec of the durable stores: the one place that knows the types of what they hold.
 
 A durable store keeps an execution as one encoded blob beside its ``version`` column, and
-each event, spawn context, spawn root path and trace step as an encoded value. It calls
-four methods of its codec, and the optional fifth:
-
-``encode_execution(exe) -> str | bytes``
-    The execution without its ``version`` (the store keeps that in its own column).
-``decode_execution(data) -> exe``
-    A new object, equal field by field to the one encoded; the store then sets its
-    ``version``.
-``encode_value(value) -> str | bytes``
-    An event, a spawn context or root path, a trace step (a ``dict``).
-``decode_value(data) -> value``
-    A new value equal to the one encoded. A trace step must come back as a ``dict``.
-``canonical_value(value) -> str | bytes`` (optional)
-    The same value always encoded the same way, dicts in any key order included: what a
-    replayed ``commit_id`` is compared with (a SHA-256 of it is stored). Without it the
-    store uses ``encode_value``, which must then be deterministic for equal values.
-
-Each method either returns or raises ``TypeError`` (or ``ValueError``) for what it cannot
-encode; the store re-raises it as a ``TypeError`` naming the item (the execution, the
-event of ``emits[i]``, ...) before it writes anything. ``str`` is stored as SQLite
-``TEXT``, ``bytes`` as a ``BLOB``; decoding gets back what encoding returned.
-
-An engine with its own execution class passes ``codec=`` an object with these methods,
-often a :class:`JsonCodec` subclass that overrides the execution pair (and, for values
-JSON cannot hold, the value pair)::
-
-    class OrderCodec(JsonCodec):
-        def encode_execution(self, exe):
-            return self.encode_value({"id": exe.id, "state": exe.state, "items": exe.items})
-
-        def decode_execution(self, data):
-            return Order(**self.decode_value(data))
-
-The default, :data:`JSON`, a :class:`JsonCodec`, round-trips :class:`~harel_store.Execution`
-exactly and any value built of ``None``, ``bool``, ``int``, ``float``, ``str``, ``list``,
-``tuple`` and ``dict`` with ``str`` keys, nested as deep as Python's recursion limit
-allows: tuples come back as tuples, floats as floats (``nan`` and the infinities
-included), strings exactly (NUL, lone surrogates and astral characters included: the
-text is pure ASCII, every other character escaped). Only these exact types are accepted:
-a subclass (an ``IntEnum``, a ``NamedTuple``, an ``OrderedDict``) would come back as its
-base type, so it is refused, as are a dict key that is not a ``str`` and a cycle.
-
-The JSON is plain, with one tag: a tuple is ``{"__tuple__": [items]}``. A dict whose only
-key is ``"__tuple__"`` or ``"__dict__"`` is written ``{"__dict__": [[key, value]]}``, so
-no dict is ever mistaken for a tag. An execution is a JSON object of its fields but
-``version``.
+each event, spawn context, spawn root path and trace step as an encoded value, through
+the methods of its codec (:class:`Codec`). The default, :data:`JSON`, is a
+:class:`JsonCodec`; an engine with its own execution class passes ``codec=`` an object
+with these methods, often a :class:`JsonCodec` subclass. Both are public as
+``harel_store.sqlite.Codec`` and ``harel_store.sqlite.JsonCodec``.
 """
 
 from __future__ import annotations
@@ -80,12 +39,46 @@ _ACCEPTS = "None, bool, int, float, str, list, tuple and dict with str keys"
 
 @runtime_checkable
 class Codec(Protocol):
-    """What a durable store needs of ``codec=`` (``canonical_value`` is optional)."""
+    """What a durable store needs of ``codec=``: four methods, and an optional fifth,
+    ``canonical_value(value) -> str | bytes``.
 
-    def encode_execution(self, exe: Any) -> str | bytes: ...
-    def decode_execution(self, data: str | bytes) -> Any: ...
-    def encode_value(self, value: Any) -> str | bytes: ...
-    def decode_value(self, data: str | bytes) -> Any: ...
+    ``canonical_value`` encodes the same value always the same way, dicts in any key
+    order included: it is what a replayed ``commit_id`` is compared with (a SHA-256 of it
+    is stored). Without it the store uses ``encode_value``, which must then be
+    deterministic for equal values.
+
+    Each method either returns or raises ``TypeError`` (or ``ValueError``) for what it
+    cannot encode; the store re-raises it as a ``TypeError`` naming the item (the
+    execution, the event of ``emits[i]``, ...) before it writes anything. ``str`` is
+    stored as SQLite ``TEXT``, ``bytes`` as a ``BLOB``; decoding gets back what encoding
+    returned.
+
+    An engine with its own execution class passes ``codec=`` an object with these
+    methods, often a :class:`JsonCodec` subclass that overrides the execution pair (and,
+    for values JSON cannot hold, the value pair)::
+
+        class OrderCodec(JsonCodec):
+            def encode_execution(self, exe):
+                return self.encode_value({"id": exe.id, "state": exe.state, "items": exe.items})
+
+            def decode_execution(self, data):
+                return Order(**self.decode_value(data))
+    """
+
+    def encode_execution(self, exe: Any) -> str | bytes:
+        """The execution without its ``version`` (the store keeps that in its own
+        column)."""
+
+    def decode_execution(self, data: str | bytes) -> Any:
+        """A new object, equal field by field to the one encoded; the store then sets
+        its ``version``."""
+
+    def encode_value(self, value: Any) -> str | bytes:
+        """An event, a spawn context or root path, a trace step (a ``dict``)."""
+
+    def decode_value(self, data: str | bytes) -> Any:
+        """A new value equal to the one encoded. A trace step must come back as a
+        ``dict``."""
 
 
 class _Refused(Exception):
@@ -196,12 +189,26 @@ _decode = json.JSONDecoder(object_hook=_untag).decode
 
 
 class JsonCodec:
-    """The default codec: JSON text, tuples tagged (see the module docstring).
+    """The default codec: JSON text, tuples tagged.
+
+    It round-trips :class:`~harel_store.Execution` exactly and any value built of
+    ``None``, ``bool``, ``int``, ``float``, ``str``, ``list``, ``tuple`` and ``dict`` with
+    ``str`` keys, nested as deep as Python's recursion limit allows: tuples come back as
+    tuples, floats as floats (``nan`` and the infinities included), strings exactly (NUL,
+    lone surrogates and astral characters included: the text is pure ASCII, every other
+    character escaped). Only these exact types are accepted: a subclass (an ``IntEnum``,
+    a ``NamedTuple``, an ``OrderedDict``) would come back as its base type, so it is
+    refused, as are a dict key that is not a ``str`` and a cycle.
+
+    The JSON is plain, with one tag: a tuple is ``{"__tuple__": [items]}``. A dict whose
+    only key is ``"__tuple__"`` or ``"__dict__"`` is written ``{"__dict__": [[key,
+    value]]}``, so no dict is ever mistaken for a tag. An execution is a JSON object of
+    its fields but ``version``.
 
     Subclass it to encode an engine's own execution class (override
     :meth:`encode_execution`/:meth:`decode_execution`) or richer values (override the
     value methods); a subclass may call the ``encode_value``/``decode_value`` of this
-    class for the JSON part.
+    class for the JSON part (see :class:`Codec`).
     """
 
     __slots__ = ()
@@ -234,6 +241,8 @@ class JsonCodec:
             raise TypeError(str(exc)) from None
 
     def decode_execution(self, data: str | bytes) -> Execution:
+        """A new :class:`~harel_store.Execution` from what :meth:`encode_execution`
+        returned, at version ``0`` (the store then sets its ``version``)."""
         fields = _decode(data if isinstance(data, str) else bytes(data).decode())
         return Execution(**{name: fields[name] for name in _FIELDS if name in fields})
 
@@ -247,6 +256,8 @@ class JsonCodec:
             raise TypeError(str(exc)) from None
 
     def decode_value(self, data: str | bytes) -> Any:
+        """A new value equal to the one :meth:`encode_value` or :meth:`canonical_value`
+        encoded."""
         return _decode(data if isinstance(data, str) else bytes(data).decode())
 
     def canonical_value(self, value: Any) -> str:

@@ -1,4 +1,5 @@
-"""Moving between stores: :func:`copy_store`, and ``python -m harel_store copy`` (:func:`main`).
+"""Moving between stores: :func:`copy_store` (and ``python -m harel_store copy``, in
+:mod:`harel_store.cli.copy`).
 
 A store that can be copied has two private methods, and :func:`copy_store` streams one
 into the other, so it works between any two stores that have them:
@@ -138,12 +139,12 @@ def copy_store(src: Any, dst: Any, *, progress: Progress | None = None) -> dict[
     another class raise ``StoreError`` (their digests cannot be recomputed).
 
     From durable to memory, a commit id keeps the durable store's digest of its body
-    (a :class:`Digest`); the memory store compares a replay with it by digesting the
-    replay's body in the same encoding. From memory to durable, the body is digested by
+    (a ``Digest``); the memory store compares a replay with it by digesting the replay's
+    body in the same encoding. From memory to durable, the body is digested by
     ``dst``'s codec.
 
     ``progress(done, total)``, if given, is called when the copy starts, every
-    :data:`PROGRESS_EVERY` records and when the last record is read, before ``dst`` is
+    1,000 records (``PROGRESS_EVERY``) and when the last record is read, before ``dst`` is
     written; ``total`` is ``None`` when ``src`` cannot tell. An exception it raises
     stops the copy with nothing written.
 

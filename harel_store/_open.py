@@ -123,13 +123,32 @@ _OPENERS = {"memory": _memory, "sqlite": _sqlite, "postgresql": _postgres, "post
 
 
 def open_store(url: str, **options: Any) -> Any:
-    """A store for ``url``; ``options`` are its constructor's keywords (an unknown one is
-    a ``TypeError``)."""
+    """The store ``url`` names, opened; ``options`` are its constructor's keywords
+    (``trace_max``, ``codec``, ``synchronous``, ...; an unknown one is a ``TypeError``).
+
+    ==============================  ==============================================
+    ``memory:``                     :class:`~harel_store.DictStore`
+    ``sqlite:///relative/path.db``  :class:`~harel_store.sqlite.SqliteStore` on that
+                                    file (``sqlite:////absolute/path.db``), or
+                                    ``sqlite://``: a private database in memory
+    ``postgresql://…``              :class:`~harel_store.postgres.PostgresStore`
+                                    (``postgres://`` too; the URL goes to libpq as
+                                    it is)
+    ==============================  ==============================================
+
+    An unknown scheme, or a URL its scheme does not take (a path after ``memory:``, a
+    query string after a SQLite path), raises ``ValueError``, with any password in the
+    URL hidden. The backend is imported only when its scheme is opened: PostgreSQL needs
+    the ``postgres`` extra, and says so in an ``ImportError``. Every store is a context
+    manager."""
     scheme, rest = _split(url)
     return _OPENERS[scheme](rest, url, True, options)
 
 
 def open_async_store(url: str, **options: Any) -> Any:
-    """The ``async`` twin of :func:`open_store`."""
+    """The ``async`` twin of :func:`open_store`: :class:`~harel_store.AsyncDictStore`,
+    :class:`~harel_store.sqlite.AsyncSqliteStore` or
+    :class:`~harel_store.postgres.AsyncPostgresStore` for the same URLs and options. Every
+    async store is an async context manager."""
     scheme, rest = _split(url)
     return _OPENERS[scheme](rest, url, False, options)

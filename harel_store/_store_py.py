@@ -267,9 +267,16 @@ _COPY_REFUSED = (
 class DictStore:
     """The in-memory ``ExecutionStore``: ``load`` returns the very object that was saved.
 
-    One writer at a time; see the README on concurrency. ``clock`` (a function giving
-    seconds, ``time.monotonic`` by default) times the leases of claims; tests and
-    simulations pass their own.
+    Nothing is serialized or copied on the way in or out, and nothing survives the
+    process. ``trace_max`` is how many trace steps are kept per execution (``0`` or
+    ``None`` keeps all). ``clock`` (a function giving seconds, ``time.monotonic`` by
+    default) times the leases of claims; tests and simulations pass their own. It must
+    return a finite number: a claim that reads a NaN raises ``ValueError``.
+
+    One writer at a time: the store takes no lock, and a write made from inside another
+    write of the same store (from a key's ``__hash__``, say) raises ``RuntimeError``. A
+    store is a context manager; ``copy``, ``deepcopy`` and ``pickle`` of it raise
+    ``TypeError``, since a copy would share or lose the live executions it holds.
     """
 
     __slots__ = (
@@ -295,7 +302,9 @@ class DictStore:
         "_trace_max",
     )
 
+    #: ``load`` returns the very object that was saved (``False`` for the durable stores).
     preserves_identity = True
+    #: Nothing survives the process (``True`` for the durable stores).
     durable = False
 
     _busy: bool

@@ -4,6 +4,7 @@ implementation, and every shell command, either here or in CI."""
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -14,6 +15,10 @@ import pytest
 import harel_store
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+PYPROJECT = README.parent / "pyproject.toml"
+# The first screen of the README, which must say what the package is for on every store.
+FIRST_SCREEN_LINES = 25
+STORES = ("memory", "compiled", "pure Python", "SQLite", "PostgreSQL")
 
 # The set-up commands of a fresh machine, which CI runs exactly as written.
 SETUP_COMMANDS = (
@@ -29,6 +34,7 @@ CI_COMMANDS = (
     "pip install --no-index --find-links dist harel-store",
     "pip install --no-index dist/harel_store-*-py3-none-any.whl",
     "PYTHON=python perf/smoke.sh",
+    "pip install -e '.[docs]' && python -m sphinx -W --keep-going -b html docs docs/_build/html",
 )
 NO_EXTENSIONS = "HAREL_STORE_NO_EXTENSIONS"
 REQUIRE_EXTENSIONS = "HAREL_STORE_REQUIRE_EXTENSIONS"
@@ -86,6 +92,32 @@ PYTHON_BLOCKS = readme_blocks("python")
 
 def test_readme_has_python_examples() -> None:
     assert len(PYTHON_BLOCKS) >= 3
+
+
+def first_paragraph(text: str) -> str:
+    """The README's first paragraph of prose, after the title, on one line."""
+    paragraphs = [p for p in text.split("\n\n") if p.strip() and not p.startswith("#")]
+    return " ".join(paragraphs[0].split())
+
+
+def project_description() -> str:
+    """``description`` of ``[project]`` in pyproject.toml (no tomllib before 3.11)."""
+    text = PYPROJECT.read_text("utf-8")
+    project = text[text.index("\n[project]\n") :]
+    found = re.search(r'^description = "([^"]*)"$', project, re.MULTILINE)
+    assert found, "pyproject.toml: no description in [project]"
+    return found.group(1)
+
+
+def test_the_package_description_is_the_readme_first_sentence() -> None:
+    description = project_description()
+    assert first_paragraph(README.read_text("utf-8")) == description.rstrip(".") + "."
+
+
+def test_the_first_screen_says_what_it_is_for_on_every_store() -> None:
+    first_screen = "\n".join(README.read_text("utf-8").splitlines()[:FIRST_SCREEN_LINES])
+    missing = [store for store in STORES if store not in first_screen]
+    assert not missing, f"the README's first {FIRST_SCREEN_LINES} lines never name {missing}"
 
 
 @pytest.mark.parametrize("mode", ["default", "pure"])

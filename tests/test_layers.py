@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("_store_py", "_store_c", "_store", "_aio", "sqlite", "postgres"),
     ("_open", "_copy"),
     ("__init__",),
-    ("_demo", "cli", "__main__"),
+    ("_demo", "cli", "__main__", "statemachine"),
 ]
 
 

@@ -911,11 +911,11 @@ cdef class DictStore:
         cdef double at
         if self._busy:
             raise _reentered("delete_timer")
-        if type(fire_at) is not float:
-            fire_at = _checks.as_time(fire_at, "fire_at")
-        at = PyFloat_AS_DOUBLE(fire_at)
         self._busy = True
         try:
+            if type(fire_at) is not float:
+                fire_at = _checks.as_time(fire_at, "fire_at")
+            at = PyFloat_AS_DOUBLE(fire_at)
             slot = self._slots.get(execution_id)
             if slot is None or slot.paths is None:
                 return

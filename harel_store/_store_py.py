@@ -892,10 +892,10 @@ class DictStore:
         armed at, as in every store."""
         if self._busy:
             raise _reentered("delete_timer")
-        if type(fire_at) is not float:
-            fire_at = _checks.as_time(fire_at, "fire_at")
         self._busy = True
         try:
+            if type(fire_at) is not float:  # a Real's __float__ is caller code: run it here
+                fire_at = _checks.as_time(fire_at, "fire_at")
             slot = self._slots.get(execution_id)
             if slot is None or slot.paths is None:
                 return

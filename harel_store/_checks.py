@@ -17,6 +17,7 @@ from sys import maxsize as MAX_SIZE
 from typing import Any, NamedTuple
 
 from ._digest import Digest
+from ._errors import shown
 from ._records import OutboxEntry, SpawnEntry, TimerOp
 
 _new = tuple.__new__
@@ -88,7 +89,7 @@ def as_clock(value: Any) -> float:
     infinity would make every lease it times last for ever, or never)."""
     now = value if type(value) is float else as_time(value, "clock()")
     if now - now != 0.0:
-        raise ValueError(f"clock() must return a finite number of seconds, got {value!r}")
+        raise ValueError(f"clock() must return a finite number of seconds, got {shown(value)}")
     return now
 
 
@@ -139,7 +140,9 @@ def as_limit(value: Any) -> int:
 def as_lease(value: Any) -> float:
     lease = value if type(value) is float else as_time(value, "lease")
     if not lease >= 0.0 or lease == float("inf"):
-        raise ValueError(f"lease must be a finite number of seconds, at least 0, got {value!r}")
+        raise ValueError(
+            f"lease must be a finite number of seconds, at least 0, got {shown(value)}"
+        )
     return lease
 
 
@@ -147,7 +150,7 @@ def as_timeout(value: Any) -> float:
     """``timeout`` of ``wait_for_work``: seconds, at least 0 (infinity waits for ever)."""
     timeout = value if type(value) is float else as_time(value, "timeout")
     if not timeout >= 0.0:
-        raise ValueError(f"timeout must be a number of seconds, at least 0, got {value!r}")
+        raise ValueError(f"timeout must be a number of seconds, at least 0, got {shown(value)}")
     return timeout
 
 
@@ -209,12 +212,12 @@ def timer_op(op: Any, i: int) -> TimerOp:
         if type(fire_at) is not float:
             fire_at = as_time(fire_at, f"timers[{i}].fire_at")
         if fire_at - fire_at != 0.0:
-            shown = "an int beyond a float's range" if isinstance(given, int) else repr(fire_at)
-            raise ValueError(f"timers[{i}].fire_at must be finite, got {shown}")
+            text = "an int beyond a float's range" if isinstance(given, int) else repr(fire_at)
+            raise ValueError(f"timers[{i}].fire_at must be finite, got {text}")
         return _new(TimerOp, (SCHEDULE, path, fire_at))
     if action == "cancel":
         return _new(TimerOp, (CANCEL, path, None))
-    raise ValueError(f"timers[{i}].action must be 'schedule' or 'cancel', got {action!r}")
+    raise ValueError(f"timers[{i}].action must be 'schedule' or 'cancel', got {shown(action)}")
 
 
 def _timer_fields(op: Any, i: int) -> tuple[Any, Any, Any]:
@@ -343,16 +346,16 @@ def restored_body(body: Any, commit_id: Any) -> tuple[Any, ...]:
 
     if type(body) is Digest:  # a durable store's record of a body: immutable, compared as is
         if tuple.__len__(body) != 5:
-            raise TypeError(f"the digest of commit id {commit_id!r} is not a 5-tuple")
+            raise TypeError(f"the digest of commit id {shown(commit_id)} is not a 5-tuple")
         return body
     if not isinstance(body, (tuple, list)):
         raise TypeError(
-            f"the body of commit id {commit_id!r} must be a 5-tuple, got {type(body).__name__}"
+            f"the body of commit id {shown(commit_id)} must be a 5-tuple, got {type(body).__name__}"
         )
     parts = deepcopy(tuple(body))
     if len(parts) != 5:
         raise TypeError(
-            f"the body of commit id {commit_id!r} must be a 5-tuple, got {len(parts)} items"
+            f"the body of commit id {shown(commit_id)} must be a 5-tuple, got {len(parts)} items"
         )
     checked = commit_body(*parts, str_ids=False)
     return (

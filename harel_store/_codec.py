@@ -15,6 +15,7 @@ from collections.abc import Callable
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, Protocol, runtime_checkable
 
+from ._errors import reason, shown
 from ._records import Execution
 
 __all__ = ["JSON", "Codec", "JsonCodec"]
@@ -146,7 +147,7 @@ def _locate(value: Any, where: str = "") -> str:
     if kind is dict:
         for key, item in value.items():
             if type(key) is not str:
-                return f"a dict key {key!r} ({type(key).__name__}) at {where or 'the top'}"
+                return f"a dict key {shown(key)} ({type(key).__name__}) at {where or 'the top'}"
             found = _locate(item, f"{where}[{key!r}]")
             if found:
                 return found
@@ -280,7 +281,7 @@ def encode_execution(codec: Any, exe: Any, eid: str) -> str | bytes:
     try:
         data = codec.encode_execution(exe)
     except (TypeError, ValueError, OverflowError, RecursionError) as exc:
-        raise TypeError(f"cannot encode the execution {eid!r}: {exc}") from exc
+        raise TypeError(f"cannot encode the execution {eid!r}: {reason(exc)}") from exc
     if type(data) is not str and type(data) is not bytes:
         raise TypeError(
             f"the codec encoded the execution {eid!r} as a {type(data).__name__}, "
@@ -296,7 +297,7 @@ def encode_value(codec: Any, value: Any, what: str, i: int = -1) -> str | bytes:
         data = codec.encode_value(value)
     except (TypeError, ValueError, OverflowError, RecursionError) as exc:
         where = what if i < 0 else f"{what}[{i}]"
-        raise TypeError(f"cannot encode {where}: {exc}") from exc
+        raise TypeError(f"cannot encode {where}: {reason(exc)}") from exc
     if type(data) is not str and type(data) is not bytes:
         where = what if i < 0 else f"{what}[{i}]"
         raise TypeError(f"the codec encoded {where} as a {type(data).__name__}, not a str or bytes")

@@ -1,10 +1,34 @@
 """The exceptions every store raises, defined once so ``except`` works whichever store
-and implementation is active."""
+and implementation is active; and how a message names a value (:func:`shown`) or the
+exception it passes on (:func:`reason`)."""
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Hashable
 from typing import Any
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 80  # a message names a value; it does not dump it
+
+
+def shown(value: object) -> str:
+    """``value`` as a message names it: its ``repr``, cut short past 80 characters
+    (``reprlib``); a value whose ``repr`` raises is named by its type and address
+    (``<T instance at 0x...>``). A message never fails over the value it names, so the
+    error it was meant for is the one raised."""
+    try:
+        return _REPR.repr(value)
+    except Exception:  # noqa: BLE001 - any error of the caller's repr; BaseExceptions pass
+        return f"<{type(value).__name__} instance at {id(value):#x}>"
+
+
+def reason(exc: BaseException) -> str:
+    """What ``exc`` says (its ``str``), or its type's name when that raises."""
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - as in shown()
+        return f"<{type(exc).__name__}>"
 
 
 class StoreError(Exception):

@@ -42,6 +42,7 @@ from typing import Any
 
 from . import _checks, _transfer
 from ._errors import IdempotencyConflict, StaleWriter, StoreConflict
+from ._errors import shown as _shown
 from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
 
 if typing.TYPE_CHECKING:  # Self is in typing from Python 3.11 on
@@ -1074,7 +1075,7 @@ class DictStore:
                         epoch = _checks.as_epoch(epoch)
                     slot = _restored_slot(slots, eid)
                     if slot.exe is not None:
-                        raise ValueError(f"two executions with the id {eid!r} to restore")
+                        raise ValueError(f"two executions with the id {_shown(eid)} to restore")
                     slot.exe = exe
                     slot.epoch = epoch
                     n_exes += 1
@@ -1085,7 +1086,9 @@ class DictStore:
                     if slot.marks is None:
                         slot.marks = {}
                     if event_id in slot.marks:
-                        raise ValueError(f"two processed marks {event_id!r} of {eid!r} to restore")
+                        raise ValueError(
+                            f"two processed marks {_shown(event_id)} of {_shown(eid)} to restore"
+                        )
                     slot.marks[event_id] = None
                     n_marks += 1
                     mixed = mixed or type(event_id) is not str
@@ -1098,18 +1101,20 @@ class DictStore:
                     if slot.commits is None:
                         slot.commits = {}
                     if commit_id in slot.commits:
-                        raise ValueError(f"two commit ids {commit_id!r} of {eid!r} to restore")
+                        raise ValueError(
+                            f"two commit ids {_shown(commit_id)} of {_shown(eid)} to restore"
+                        )
                     slot.commits[commit_id] = (version, body)
                 elif kind == "trace":
                     _, eid, next_index, steps = record
                     next_index = _checks.restored_counter(next_index, "next_index")
                     kept = [deepcopy(_checks.trace_step(s, "trace step")) for s in steps]
                     if not 0 <= len(kept) <= next_index:
-                        raise ValueError(f"the trace of {eid!r} holds {len(kept)} steps, "
+                        raise ValueError(f"the trace of {_shown(eid)} holds {len(kept)} steps, "
                                          f"more than its next index {next_index}")  # fmt: skip
                     slot = _restored_slot(slots, eid)
                     if slot.ring is not None:
-                        raise ValueError(f"two trace rings of {eid!r} to restore")
+                        raise ValueError(f"two trace rings of {_shown(eid)} to restore")
                     slot.ring = ring = _Ring(self._maxlen)
                     ring.steps.extend(kept)
                     ring.next_index = next_index
@@ -1125,7 +1130,7 @@ class DictStore:
                     if slot.paths is None:
                         slot.paths = {}
                     if path in slot.paths:
-                        raise ValueError(f"two timers {path!r} of {eid!r} to restore")
+                        raise ValueError(f"two timers {_shown(path)} of {_shown(eid)} to restore")
                     entry = [fire_at, len(armed) + 1, eid, path, False]
                     slot.paths[path] = entry
                     armed.append(entry)

@@ -6,13 +6,12 @@ Below every store and above the checks: the stores import it, it imports no stor
 
 from __future__ import annotations
 
-import reprlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from . import _checks
 from ._digest import Digest
-from ._errors import StoreError
+from ._errors import StoreError, shown
 
 __all__ = ["COUNTED", "KINDS", "Record", "Uncopyable", "commit_digest", "durable_rows", "not_empty"]
 
@@ -97,7 +96,7 @@ def check_kind(kind: Any) -> None:
     """A ``ValueError`` for a record kind that is not one of :data:`KINDS`."""
     if kind not in KINDS:
         raise ValueError(
-            f"unknown record kind {reprlib.repr(kind)}: the kinds are {', '.join(sorted(KINDS))}"
+            f"unknown record kind {shown(kind)}: the kinds are {', '.join(sorted(KINDS))}"
         )
 
 
@@ -196,7 +195,7 @@ def _copied_id(value: Any, what: str) -> str:
     if type(value) is not str:
         raise TypeError(
             f"{what} must be a str in a durable store, got {type(value).__name__} "
-            f"{reprlib.repr(value)}: a store holding it cannot be copied into a durable "
+            f"{shown(value)}: a store holding it cannot be copied into a durable "
             "one; nothing was written"
         )
     return value

@@ -632,6 +632,58 @@ def test_unknown_or_inconsistent_records_are_refused(
         assert set(dst.stats().values()) == {0}, records
 
 
+class ReprRaises:
+    """An id whose ``repr`` raises (hashed by identity)."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("ReprRaises.__repr__")
+
+
+@pytest.mark.parametrize("dst_kind", ["sqlite", *MEMORY])
+def test_a_record_naming_an_id_whose_repr_raises_is_refused_with_its_own_error(
+    request: pytest.FixtureRequest, sqlite_at: Callable[..., SqliteStore], dst_kind: str
+) -> None:
+    """Issue 32, item 10: the refusal names the id by its type; the repr's error stays
+    out of it, and nothing is written."""
+    dst = sqlite_at("d.db") if dst_kind == "sqlite" else memory(request, dst_kind)
+    key = ReprRaises()
+    named = r"<ReprRaises instance at 0x[0-9a-f]+>"
+    exe = Execution(id=key)
+    cases: list[tuple[list[tuple[Any, ...]], type[Exception], str]]
+    if dst_kind == "sqlite":  # a durable store holds str ids only
+        cases = [
+            ([("execution", exe, None)], TypeError, f"execution id must be a str .* {named}:"),
+            ([("mark", "a", key)], TypeError, f"processed event id must be a str .* {named}:"),
+        ]
+    else:
+        cases = [
+            (
+                [("execution", exe, None), ("execution", Execution(id=key), None)],
+                ValueError,
+                f"^two executions with the id {named} to restore$",
+            ),
+            (
+                [("mark", key, key), ("mark", key, key)],
+                ValueError,
+                f"^two processed marks {named} of {named} to restore$",
+            ),
+            (
+                [("timer", key, "p", 1.0), ("timer", key, "p", 2.0)],
+                ValueError,
+                f"^two timers 'p' of {named} to restore$",
+            ),
+            (
+                [("trace", key, 0, [{"index": 0}])],
+                ValueError,
+                f"^the trace of {named} holds 1 steps, more than its next index 0$",
+            ),
+        ]
+    for records, error, says in cases:
+        with pytest.raises(error, match=says):
+            dst._restore(iter(records))
+        assert set(dst.stats().values()) == {0}, records
+
+
 def test_the_sqlite_dump_is_a_snapshot(sqlite_at: Callable[..., SqliteStore]) -> None:
     """Other store objects go on writing while a copy reads the database."""
     src = sqlite_at("src.db")

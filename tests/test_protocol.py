@@ -827,6 +827,50 @@ def test_fire_at_is_any_real_number_kept_as_a_float(cstore: Any) -> None:
         assert exe.version == 1 and view(cstore) == before
 
 
+class ReprRaises:
+    """A value whose ``repr`` raises: a message that names it must still be raised."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("ReprRaises.__repr__")
+
+
+class FloatReprRaises(float):
+    """A real number whose ``repr`` raises."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("FloatReprRaises.__repr__")
+
+
+NAMED_BY_TYPE = r"<(Float)?ReprRaises instance at 0x[0-9a-f]+>"
+
+
+def test_a_refusal_names_a_value_whose_repr_raises_by_its_type(cstore: Any) -> None:
+    """Issue 32, item 10: the refusal is raised, not the error of the value's repr."""
+    filled(cstore)
+    before = view(cstore)
+    refusals: list[tuple[Callable[[], Any], str]] = [
+        (
+            lambda: cstore.commit(current(cstore), [], timers=[TimerOp(ReprRaises(), "p", 1.0)]),
+            r"timers\[0\]\.action must be 'schedule' or 'cancel', got ",
+        ),
+        (
+            lambda: cstore.claim_outbox(lease=FloatReprRaises(-1.0)),
+            "lease must be a finite number of seconds, at least 0, got ",
+        ),
+    ]
+    if hasattr(cstore, "wait_for_work"):  # the durable stores'
+        refusals.append(
+            (
+                lambda: cstore.wait_for_work(FloatReprRaises(-1.0)),
+                "timeout must be a number of seconds, at least 0, got ",
+            )
+        )
+    for call, says in refusals:
+        with pytest.raises(ValueError, match=f"^{says}{NAMED_BY_TYPE}$"):
+            call()
+        assert view(cstore) == before
+
+
 # --- capabilities and the one line ----------------------------------------------------
 
 

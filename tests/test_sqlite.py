@@ -43,6 +43,7 @@ from harel_store import (
     StoreConflict,
     StoreError,
     TimerOp,
+    _codec,
 )
 from harel_store._checks import KEY_BYTES_MAX
 from harel_store.sqlite import (
@@ -291,6 +292,121 @@ def test_an_execution_the_codec_refuses_is_a_type_error_naming_it(
         store.save(Mine())
     assert exe.version == 0 and store.stats()["executions"] == 0
     assert store.pending_outbox() == []
+
+
+class ReprRaises:
+    """A value whose ``repr`` raises (issue 32, item 10)."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("ReprRaises.__repr__")
+
+
+class StrRaises(TypeError):
+    """A codec's refusal whose ``str`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("StrRaises.__str__")
+
+
+NAMED_BY_TYPE = r"<ReprRaises instance at 0x[0-9a-f]+> \(ReprRaises\)"
+
+
+@pytest.mark.parametrize("method", ["encode_value", "canonical_value"])
+def test_the_json_codec_names_a_dict_key_whose_repr_raises_by_its_type(method: str) -> None:
+    encode = getattr(JSON, method)
+    with pytest.raises(TypeError, match=f"^a dict key {NAMED_BY_TYPE} at the top is not a JSON"):
+        encode({ReprRaises(): 1})
+    with pytest.raises(TypeError, match=rf"^a dict key {NAMED_BY_TYPE} at \['a'\]\[1\] is not"):
+        encode({"a": [1, {"b": 2, ReprRaises(): 3}]})
+    with pytest.raises(TypeError, match=rf"^a dict key {NAMED_BY_TYPE} at \['context'\]"):
+        JSON.encode_execution(Execution(id="e1", context={ReprRaises(): 1}))
+
+
+class RefusingCodec(JsonCodec):
+    """Refuses every event with an error whose ``str`` raises."""
+
+    __slots__ = ()
+
+    def encode_value(self, value: Any) -> str:
+        if value == "refused":
+            raise StrRaises
+        return super().encode_value(value)
+
+    def encode_execution(self, exe: Any) -> str:
+        if exe.id == "refused":
+            raise StrRaises
+        return super().encode_execution(exe)
+
+
+def test_a_codec_refusal_whose_str_raises_is_named_by_its_type() -> None:
+    codec = RefusingCodec()
+    with pytest.raises(TypeError, match=r"^cannot encode the event of emits\[2\]: <StrRaises>$"):
+        _codec.encode_value(codec, "refused", "the event of emits", 2)
+    with pytest.raises(TypeError, match=r"^cannot encode the execution 'refused': <StrRaises>$"):
+        _codec.encode_execution(codec, Execution(id="refused"), "refused")
+
+
+@pytest.mark.parametrize(
+    ("codec", "call", "says"),
+    [
+        (None, lambda s: s.commit(Execution(id="e1"), [("t", {ReprRaises(): 1})]), "the event"),
+        (None, lambda s: s.commit(Execution(id="e1"), [], trace={ReprRaises(): 1}), "trace step"),
+        (
+            None,
+            lambda s: s.commit(Execution(id="e1"), [], spawns=[("c", "r", {ReprRaises(): 1})]),
+            "the context of spawns[0]",
+        ),
+        (None, lambda s: s.commit(Execution(id="e2", context={ReprRaises(): 1}), []), "'e2'"),
+        (None, lambda s: s.save(Execution(id="e2", context={ReprRaises(): 1})), "'e2'"),
+        (RefusingCodec(), lambda s: s.commit(Execution(id="e1"), [("t", "refused")]), "emits"),
+        (RefusingCodec(), lambda s: s.save(Execution(id="refused")), "'refused'"),
+    ],
+    ids=["event", "trace", "context", "execution", "save", "codec-event", "codec-execution"],
+)
+def test_a_refused_commit_whose_value_cannot_be_shown_is_still_the_type_error(
+    opened: Callable[..., SqliteStore], codec: Any, call: Any, says: str
+) -> None:
+    store = opened(codec=codec)
+    store.commit(Execution(id="e1"), [("t", "first")], "v1", [TimerOp("schedule", "p", 1.0)])
+    before = everything(store)
+    with pytest.raises(TypeError, match="^cannot encode ") as info:
+        call(store)
+    assert says in str(info.value)
+    assert "<ReprRaises instance at 0x" in str(info.value) or "<StrRaises>" in str(info.value)
+    assert everything(store) == before
+
+
+class FloatReprRaises(float):
+    def __repr__(self) -> str:
+        raise RuntimeError("FloatReprRaises.__repr__")
+
+
+class StrReprRaises(str):
+    def __repr__(self) -> str:
+        raise RuntimeError("StrReprRaises.__repr__")
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"busy_timeout": FloatReprRaises(-1.0)}, "busy_timeout must be a positive number"),
+        ({"busy_timeout": FloatReprRaises(1e10)}, "busy_timeout must be at most"),
+        ({"synchronous": StrReprRaises("OFF")}, "synchronous must be 'NORMAL' or 'FULL'"),
+    ],
+    ids=["busy-timeout", "busy-timeout-too-long", "synchronous"],
+)
+def test_an_option_whose_repr_raises_is_refused_naming_it_by_its_type(
+    path: Path, options: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(ValueError, match=f"^{says}.*, got <(Float|Str)ReprRaises instance at 0x"):
+        SqliteStore(path, **options)
+    assert not path.exists()
+
+
+def test_a_path_of_a_str_subclass_is_held_as_a_str(tmp_path: Path) -> None:
+    with SqliteStore(StrReprRaises(tmp_path / "x.db")) as store:
+        assert type(store.path) is str
+        assert repr(store) == f"<SqliteStore {str(tmp_path / 'x.db')!r} open>"
 
 
 @pytest.mark.parametrize(

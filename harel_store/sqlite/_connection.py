@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import _checks
 from .._codec import JSON
-from .._errors import StoreError
+from .._errors import StoreError, shown
 
 SYNCHRONOUS = ("NORMAL", "FULL")
 BUSY_TIMEOUT_MAX = (2**31 - 1) / 1000  # SQLite's busy timeout is an int of milliseconds
@@ -44,6 +44,7 @@ def _options(
     path = os.fspath(path)
     if not isinstance(path, str):
         raise TypeError(f"path must be a str or a path, got {type(path).__name__}")
+    path = str.__str__(path)  # a str subclass's own methods and repr are not called again
     if not path:
         raise ValueError("path must not be empty (':memory:' opens a private in-memory database)")
     if "\0" in path:  # in a URI, SQLite would end the file name there
@@ -57,21 +58,24 @@ def _options(
         _checks.as_codec(codec)
     if not isinstance(synchronous, str):
         raise TypeError(f"synchronous must be a str, got {type(synchronous).__name__}")
-    if synchronous.upper() not in SYNCHRONOUS:
-        raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
+    level = str.__str__(synchronous).upper()
+    if level not in SYNCHRONOUS:
+        raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', got {shown(synchronous)}")
     timeout = _checks.as_time(busy_timeout, "busy_timeout")
     if not timeout > 0.0:
-        raise ValueError(f"busy_timeout must be a positive number of seconds, got {busy_timeout!r}")
+        raise ValueError(
+            f"busy_timeout must be a positive number of seconds, got {shown(busy_timeout)}"
+        )
     if timeout > BUSY_TIMEOUT_MAX:
         raise ValueError(
             f"busy_timeout must be at most {BUSY_TIMEOUT_MAX} seconds (SQLite's limit, "
-            f"2**31 - 1 milliseconds: about 24.8 days), got {busy_timeout!r}"
+            f"2**31 - 1 milliseconds: about 24.8 days), got {shown(busy_timeout)}"
         )
     if clock is None:
         clock = time.time
     elif not callable(clock):
         raise TypeError(f"clock must be a function giving seconds, got {type(clock).__name__}")
-    return path, size, codec, synchronous.upper(), timeout, clock
+    return path, size, codec, level, timeout, clock
 
 
 def _begin(conn: sqlite3.Connection, path: str) -> None:

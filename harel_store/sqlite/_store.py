@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _checks, _codec, _transfer
 from .._digest import body_digest
-from .._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError
+from .._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError, reason
 from .._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
 from . import _copying
 from ._connection import (
@@ -729,7 +729,9 @@ class SqliteStore(_transfer.Uncopyable):
         try:
             return body_digest(self._canonical, body)
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
-            raise TypeError(f"cannot encode the body of commit {commit_id!r}: {exc}") from exc
+            raise TypeError(
+                f"cannot encode the body of commit {commit_id!r}: {reason(exc)}"
+            ) from exc
 
 
 def _cas(conn: sqlite3.Connection, eid: str, version: int, blob: Any, epoch: int | None) -> None:

@@ -613,3 +613,24 @@ def test_without_python_statemachine_the_import_names_the_extra() -> None:
         [sys.executable, "-c", code], check=True, timeout=60, capture_output=True, text=True
     )
     assert "pip install 'harel-store[statemachine]'" in done.stdout
+
+
+def test_an_event_the_chart_refuses_commits_nothing() -> None:
+    """A ``StateMachine`` (python-statemachine's strict chart) raises on an event it cannot
+    take: the error reaches the caller and the store is unchanged."""
+    from statemachine import StateMachine
+
+    class Door(StateMachine):
+        closed = State(initial=True)
+        opened = State()
+        open = closed.to(opened)
+        close = opened.to(closed)
+
+    store = DictStore()
+    machines = Machines(store, Door)
+    machines.start("d1")
+    with pytest.raises(Door.TransitionNotAllowed):
+        machines.send("d1", "close", event_id="e1")
+    assert store.load("d1").version == 1 and not store.is_processed("d1", "e1")
+    assert machines.send("d1", "open", event_id="e1") is True
+    assert machines.configuration("d1") == {"opened"}

@@ -38,7 +38,7 @@ _Model: Any = importlib.import_module("statemachine.model").Model
 _OrderedSet: Any = importlib.import_module("statemachine.orderedset").OrderedSet
 
 STATE = "state"  # the model attribute python-statemachine keeps the configuration in
-DELAYED = "delayed/"  # the path of every timer this package arms starts so
+DELAYED = "delayed/"  # how the path of every timer this package arms begins
 _STEP = "_harel_store_step"  # the chart attribute that holds the step being recorded
 
 
@@ -89,8 +89,10 @@ class Step:
             self.disarmed.append(path)
 
     def emit(self, target: str, event: str, data: dict[str, Any]) -> None:
-        envelope = {"event": event, "data": data, "event_id": uuid.uuid4().hex}
-        self.emits.append((target, {**envelope, "sender": self.exe_id}))
+        event_id = uuid.uuid4().hex  # the receiver's processed mark
+        self.emits.append(
+            (target, {"event": event, "data": data, "event_id": event_id, "sender": self.exe_id})
+        )
 
     def timers(self) -> list[TimerOp]:
         ops = [TimerOp("cancel", path) for path in self.disarmed]

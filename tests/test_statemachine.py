@@ -634,3 +634,24 @@ def test_an_event_the_chart_refuses_commits_nothing() -> None:
     assert store.load("d1").version == 1 and not store.is_processed("d1", "e1")
     assert machines.send("d1", "open", event_id="e1") is True
     assert machines.configuration("d1") == {"opened"}
+
+
+def test_an_execution_that_changes_under_every_try_is_given_up() -> None:
+    class Contended:
+        def __init__(self, store: Any) -> None:
+            self._store = store
+            self.commits = 0
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._store, name)
+
+        def commit(self, exe: Any, *args: Any, **kwargs: Any) -> None:
+            self.commits += 1
+            raise harel_store.StoreConflict(exe.id, exe.version, exe.version + 1)
+
+    store = DictStore()
+    Machines(store, Plant).start("p1", **_plant_model(False))
+    contended = Contended(store)
+    with pytest.raises(StoreError, match="changed under each of 100 tries"):
+        Machines(contended, Plant).send("p1", "heat")
+    assert contended.commits == 100 and store.load("p1").version == 1

@@ -184,7 +184,7 @@ class Core:
             exe = self._after(exe, chart, step, trace)
             if (yield from self._commit(exe, step, event_id, commit_id, trace)):
                 return True
-        raise StoreConflict(exe_id, None, f"a newer version on each of {CONFLICT_RETRIES} tries")
+        raise _busy(exe_id)
 
     def fire(self, exe_id: str, path: str, fire_at: float, now: float) -> Gen[None]:
         """Deliver the delayed event of a due timer, in a commit that disarms the timer."""
@@ -216,7 +216,7 @@ class Core:
                 exe = self._after(exe, chart, step, trace)
             if (yield from self._commit(exe, step, None, f"timer:{path}", trace)):
                 return
-        raise StoreConflict(exe_id, None, f"a newer version on each of {CONFLICT_RETRIES} tries")
+        raise _busy(exe_id)
 
     def deliver(self, entry: OutboxEntry, now: float) -> Gen[None]:
         event = entry.event
@@ -260,6 +260,10 @@ class Core:
         if exe is None:
             raise NoExecution(exe_id)
         return copy.deepcopy(dict(exe.context.get("model", {})))
+
+
+def _busy(exe_id: str) -> StoreError:
+    return StoreError(f"execution {exe_id!r} changed under each of {CONFLICT_RETRIES} tries")
 
 
 def _check_id(exe_id: Any) -> None:

@@ -425,6 +425,27 @@ def test_a_damaged_schema_table_is_refused(
     refused_unchanged(url, pg_schema, "damaged")
 
 
+@pytest.mark.parametrize(
+    ("damage", "lacks"),
+    [
+        ("DROP TABLE {s}.trace", "trace, trace_pkey"),
+        ("DROP INDEX {s}.timers_by_fire_at", "timers_by_fire_at"),
+        ("ALTER TABLE {s}.processed DROP CONSTRAINT processed_pkey", "processed_pkey"),
+        ("ALTER TABLE {s}.outbox ALTER seq DROP IDENTITY", "outbox_seq"),
+    ],
+    ids=["table", "index", "primary-key", "sequence"],
+)
+def test_a_schema_lacking_what_its_version_has_is_refused_unchanged(
+    url: str, pg_schema: str, opened: Callable[..., Any], damage: str, lacks: str
+) -> None:
+    """A schema at the current version without one of its tables, indexes or sequences
+    is refused at open, naming it, as SQLite refuses a damaged file (it opened, then
+    failed call by call with UndefinedTable)."""
+    opened().close()
+    sql(url, damage.format(s=f'"{pg_schema}"'))
+    refused_unchanged(url, pg_schema, f"damaged: it lacks {lacks}; nothing was changed")
+
+
 def test_an_empty_schema_made_by_the_dba_is_used(
     url: str, pg_schema: str, opened: Callable[..., Any]
 ) -> None:
@@ -1282,6 +1303,219 @@ def test_forget_racing_a_commit_ends_as_one_or_the_other(url: str, pg_schema: st
         assert set(outcomes) <= serial, outcomes
         stats = a.stats()
         assert stats["processed"] == stats["timers"] == stats["traces"] == stats["executions"]
+
+
+def leftovers(url: str, schema: str) -> dict[str, int]:
+    """Rows that no execution or ring accounts for: marks, timers and commit ids of an
+    execution that has no row (a commit writes them with its row, forget deletes them
+    with it), and trace steps at or beyond their ring's next index, or of no ring."""
+    s = f'"{schema}"'
+    counts = ", ".join(
+        f"(SELECT count(*) FROM {s}.{table} AS x WHERE NOT EXISTS"
+        f" (SELECT FROM {s}.executions AS e WHERE e.id = x.execution_id))"
+        for table in ("processed", "timers", "commit_ids")
+    )
+    [row] = sql(
+        url,
+        f"SELECT {counts}, (SELECT count(*) FROM {s}.trace AS t WHERE NOT EXISTS"
+        f" (SELECT FROM {s}.trace_index AS ti"
+        f"  WHERE ti.execution_id = t.execution_id AND t.idx < ti.next_index))",
+    )
+    return {k: n for k, n in zip(("marks", "timers", "commit_ids", "steps"), row) if n}
+
+
+def race(seconds: float, *loops: Callable[[threading.Event], None]) -> None:
+    """Run each loop in a thread of its own until ``seconds`` have passed or one of
+    them sets the event (on a failure it records)."""
+    stop = threading.Event()
+    threads = [threading.Thread(target=loop, args=(stop,)) for loop in loops]
+    for thread in threads:
+        thread.start()
+    stop.wait(seconds)
+    stop.set()
+    for thread in threads:
+        thread.join(60.0)
+        assert not thread.is_alive()
+
+
+def test_forget_racing_append_trace_leaves_the_ring_whole(url: str, pg_schema: str) -> None:
+    """One thread appends to "X" in a loop while another forgets it: each forget takes
+    the whole ring with it, so no step is left behind to collide with the ring that the
+    next appends start again at index 0 (every append_trace of "X" then raised a unique
+    violation), nor to show in a later execution's trace."""
+    with PostgresStore(url, schema=pg_schema) as a, PostgresStore(url, schema=pg_schema) as b:
+        errors: list[BaseException] = []
+        forgets = [0]
+
+        def append(stop: threading.Event) -> None:
+            n = 0
+            while not stop.is_set():
+                try:
+                    a.append_trace("X", {"n": n})
+                except Exception as exc:  # noqa: BLE001 - shown by the assertion
+                    errors.append(exc)
+                    stop.set()
+                n += 1
+
+        def forget(stop: threading.Event) -> None:
+            while not stop.is_set() and forgets[0] < 1000:
+                b.forget("X")
+                forgets[0] += 1
+
+        race(3.0, append, forget)
+        assert errors == [] and forgets[0] > 0
+        assert leftovers(url, pg_schema) == {}
+        before = a.read_trace("X")
+        a.append_trace("X", {"last": True})
+        steps = a.read_trace("X")
+        assert steps[-1] == {"last": True, "index": before[-1]["index"] + 1 if before else 0}
+        b.forget("X")
+        a.append_trace("X", {"new": True})
+        assert a.read_trace("X") == [{"new": True, "index": 0}]
+
+
+def test_forget_racing_commits_and_appends_of_one_execution(url: str, pg_schema: str) -> None:
+    """Two writers committing "X" (first writes and updates, each with emits, a mark, a
+    timer, a trace step and a commit id), one appending to its trace, one forgetting it:
+    every writer of the execution's rows takes its locks in one order with forget, so no
+    call deadlocks or fails (a conflict aside), and nothing is left of a forgotten one."""
+    stores = [PostgresStore(url, schema=pg_schema, trace_max=2) for _ in range(4)]
+    errors: list[BaseException] = []
+    done: Counter[str] = Counter()
+
+    def failed(stop: threading.Event, exc: BaseException) -> None:
+        errors.append(exc)
+        stop.set()
+
+    def commit(store: Any) -> Callable[[threading.Event], None]:
+        def loop(stop: threading.Event) -> None:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                exe = store.load("X") or Execution(id="X")
+                try:
+                    store.commit(exe, [(None, n)], f"ev-{n}", [TimerOp("schedule", "p", 1.0)],
+                                 trace={"n": n}, commit_id=f"{id(store)}-{n}")  # fmt: skip
+                    done["commit"] += 1
+                except StoreConflict:
+                    done["conflict"] += 1
+                except Exception as exc:  # noqa: BLE001 - shown by the assertion
+                    failed(stop, exc)
+
+        return loop
+
+    def append(stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                stores[2].append_trace("X", {"appended": True})
+                done["append"] += 1
+            except Exception as exc:  # noqa: BLE001
+                failed(stop, exc)
+
+    def forget(stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                stores[3].forget("X")
+                done["forget"] += 1
+            except Exception as exc:  # noqa: BLE001
+                failed(stop, exc)
+            time.sleep(random.uniform(0.0, 0.002))
+
+    try:
+        race(4.0, commit(stores[0]), commit(stores[1]), append, forget)
+        assert errors == [], (errors, done)
+        assert done["commit"] and done["append"] and done["forget"], done
+        assert leftovers(url, pg_schema) == {}
+        assert len(stores[0].read_trace("X")) <= 2
+    finally:
+        for store in stores:
+            store.close()
+
+
+@pytest.mark.parametrize("trace_max", [1, 2])
+def test_the_ring_never_holds_more_than_trace_max_under_concurrent_appends(
+    url: str, pg_schema: str, trace_max: int
+) -> None:
+    """Three writers append to one ring at once (two by append_trace, one by commits):
+    when they have returned, the ring holds exactly the last trace_max steps. (The trim
+    ran on the statement's snapshot, blind to the steps of appends that committed while
+    it waited for the ring: three writers with trace_max=1 kept up to 3 steps.)"""
+    stores = [PostgresStore(url, schema=pg_schema, trace_max=trace_max) for _ in range(3)]
+    try:
+        deadline = time.monotonic() + 5.0
+        rounds = 0
+        while rounds < 100 and time.monotonic() < deadline:
+            eid = f"e{rounds}"
+            gate = threading.Barrier(3)
+
+            def append(store: Any, eid: str = eid, gate: threading.Barrier = gate) -> None:
+                gate.wait()
+                for i in range(3):
+                    store.append_trace(eid, {"i": i})
+
+            def commit(store: Any, eid: str = eid, gate: threading.Barrier = gate) -> None:
+                exe = Execution(id=eid)
+                gate.wait()
+                for i in range(3):
+                    store.commit(exe, [], trace={"c": i})
+
+            threads = [
+                threading.Thread(target=append, args=(stores[0],)),
+                threading.Thread(target=append, args=(stores[1],)),
+                threading.Thread(target=commit, args=(stores[2],)),
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            indexes = [step["index"] for step in stores[0].read_trace(eid)]
+            assert indexes == list(range(9 - trace_max, 9)), (rounds, indexes)
+            rounds += 1
+        assert stores[0].stats()["trace_steps"] == trace_max * rounds
+    finally:
+        for store in stores:
+            store.close()
+
+
+def test_a_failed_statement_run_after_the_outcome_is_sent_back_as_none(
+    opened: Callable[..., Any],
+) -> None:
+    """The trim that follows a raced append runs once the append has committed: its
+    failure is sent back to the operation as ``None``, never raised as the operation's
+    (which would call a landed commit failed), and the connection serves on."""
+    store = opened()
+
+    def op() -> Any:
+        failed = yield core._Query("SELECT 1 / 0", tolerant=True)
+        rows = yield core._Query("SELECT 7")
+        return failed, rows
+
+    with pool_connection(store) as conn:
+        ran = op()
+        assert connections._run_on(conn, ran, next(ran)) == (None, [(7,)])
+
+
+def test_a_commit_the_database_refuses_leaves_the_version_as_it_was(
+    url: str, pg_schema: str, opened: Callable[..., Any]
+) -> None:
+    """The version a commit sets before it writes is set back the moment its statement
+    fails, sync and async."""
+    store = opened()
+    exe = Execution(id="e1")
+    store.commit(exe, [])
+
+    async def main() -> None:
+        async with AsyncPostgresStore(url, schema=pg_schema) as astore:
+            await astore.load("e1")  # opened before the table goes
+            sql(url, f'DROP TABLE "{pg_schema}".trace')
+            with pytest.raises((StoreError, psycopg.Error)):
+                await astore.commit(exe, [], trace={"s": 1})
+            assert exe.version == 1
+
+    asyncio.run(main())
+    with pytest.raises((StoreError, psycopg.Error)):
+        store.commit(exe, [], trace={"s": 1})
+    assert exe.version == 1
 
 
 def test_the_async_pool_serves_waiting_calls_in_turn(url: str, pg_schema: str) -> None:

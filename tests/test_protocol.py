@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import decimal
 import math
 import os
@@ -24,13 +25,14 @@ import time
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import conftest
 import pytest
 
 import harel_store
 from harel_store import Execution, OutboxEntry, SpawnEntry, StoreConflict, TimerOp
+from harel_store._codec import JsonCodec
 
 IDS = ("e1", "e2")
 EVENTS = ("v1", "v2")
@@ -434,6 +436,84 @@ def test_a_refused_commit_records_neither_its_id_nor_its_epoch(cstore: Any) -> N
     cstore.commit(current(cstore), **body(1), commit_id="k2", epoch=3)
     cstore.commit(current(cstore), **body(3), commit_id="k3", epoch=3)
     assert version_of(cstore, "e1") == before + 2
+
+
+# --- a version the execution refuses -------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenRun:
+    """An engine's execution that is a frozen dataclass: its version cannot be set."""
+
+    id: str
+    version: int = 0
+
+
+class PickyRun:
+    """An execution whose ``version`` setter refuses any new version (it accepts the one
+    it has, so a store that only checks that much is caught)."""
+
+    def __init__(self, id: str, version: int = 0) -> None:
+        self.id = id
+        self._version = version
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        if value != self._version:
+            raise ValueError(f"picky: version {value} refused")
+
+
+class RunCodec(JsonCodec):
+    """The codec a durable store needs for these two (and ``Execution``)."""
+
+    kinds: ClassVar[dict[str, type]] = {"FrozenRun": FrozenRun, "PickyRun": PickyRun}
+
+    def encode_execution(self, exe: Any) -> str:
+        if type(exe) is Execution:
+            return super().encode_execution(exe)
+        return self.encode_value({"kind": type(exe).__name__, "id": exe.id})
+
+    def decode_execution(self, data: str | bytes) -> Any:
+        fields = self.decode_value(data)
+        if fields.get("kind") not in self.kinds:
+            return super().decode_execution(data)
+        return self.kinds[fields["kind"]](fields["id"])
+
+
+REFUSING = [
+    pytest.param(FrozenRun, TypeError, "not writable", id="frozen"),
+    pytest.param(PickyRun, ValueError, "picky", id="picky-setter"),
+]
+
+
+@pytest.mark.parametrize("method", ["save", "commit"])
+@pytest.mark.parametrize(("make", "error", "match"), REFUSING)
+def test_a_version_the_execution_refuses_writes_nothing(
+    make_store: MakeStore, make: Any, error: type[Exception], match: str, method: str
+) -> None:
+    """The store cannot give the execution its new version: the call raises that error,
+    and nothing of it is written (a durable store checks before it writes)."""
+    store = make_store()
+    if store.durable:
+        store = make_store(codec=RunCodec())
+    store.commit(Execution(id="e1"), **body(0))
+    ids = ("e1", "r1")
+    before = (view(store, ids), store.stats())
+    run = make("r1")
+    with pytest.raises(error, match=match):
+        if method == "save":
+            store.save(run, epoch=5)
+        else:
+            store.commit(run, **body(1), commit_id="k1", epoch=5)
+    assert run.version == 0
+    assert (view(store, ids), store.stats()) == before
+    # Neither its commit id nor its epoch was recorded.
+    store.commit(Execution(id="r1"), **body(2), commit_id="k1", epoch=1)
+    assert version_of(store, "r1") == 1
 
 
 # --- writer epochs ---------------------------------------------------------------------

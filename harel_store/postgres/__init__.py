@@ -9,7 +9,9 @@ tables in one PostgreSQL schema (``schema=``, default ``harel_store``): stores w
 different schemas in one database do not see each other.
 
 Schema (version :data:`SCHEMA_VERSION`; :data:`MIGRATIONS` is a list whose index is the
-version it upgrades from, recorded in ``harel_store_schema``). Every encoded value is a
+version it upgrades from, recorded in ``harel_store_schema``; a schema at this version
+that lacks one of the tables, indexes or sequences it must have is refused at open as
+damaged, nothing changed). Every encoded value is a
 ``bytea``: one tag byte (``t`` when the codec returned ``str``, stored as UTF-8; ``b``
 for ``bytes``) and the data, so decoding gets back what encoding returned.
 
@@ -25,7 +27,12 @@ for ``bytes``) and the data, so decoding gets back what encoding returned.
 - ``trace(execution_id, idx, step)`` and ``trace_index(execution_id, next_index)``: the
   ring and the per-execution monotonic index. ``idx`` is the index a step was stamped
   with, added on read when the step carries no ``"index"`` of its own; the ring is
-  trimmed by ``idx``, deleting just the overflow.
+  trimmed by ``idx``, deleting just the overflow. Appends to one ring (a commit's
+  step, ``append_trace``) take turns on its ``trace_index`` row, which they update; one
+  that waited for another does not see, in its statement's snapshot, the steps appended
+  meanwhile, and its statement says so (the index moved by more than its own step): the
+  store then trims the ring again, in a statement of its own, so it holds at most
+  ``trace_max`` steps once the call returns.
 - ``commit_ids(execution_id, commit_id, digest, version)``: a SHA-256 of the commit's
   body in the codec's canonical encoding, and the version the commit produced.
 
@@ -43,7 +50,19 @@ Every other part (emits, the mark, timers, spawns, the trace step, the commit id
 writes nothing and takes no seq. Timer ops are reduced to the last op per path before
 they are sent (the final state is the same; one statement cannot touch a row twice).
 Only a refused commit may need a second statement, to tell a conflict from a replay that
-raced it. Loads, acks, claims, ``forget`` and ``stats`` are one statement each too.
+raced it (or one whose trace step raced an append: the trim above). ``exe.version`` is set
+before the statement runs, so an execution that refuses its new version (frozen, or a
+setter that raises) is refused with nothing written; it is set back when the commit is
+not applied. Loads, acks, claims and ``stats`` are one statement each too.
+
+**Forget and the writers of an execution** take their row locks in one order, so they
+serialize and never deadlock: a commit locks the execution's row (its CAS or first
+insert) before any other row of the execution, then the ring's ``trace_index`` row
+before its steps; an append locks the ring's row before its steps; ``forget`` (one
+transaction) locks the execution's row, then the ring's, inserting a row that does not
+exist (so a first write or a first append waits too; the deletes remove it), and only
+then deletes, in a statement of its own whose snapshot sees everything the writers it
+waited for wrote: nothing of a forgotten execution is left behind.
 
 **Claims** lease rows with ``FOR UPDATE SKIP LOCKED`` and leases on the database clock
 (``now()``), so relays on machines with different clocks agree. **Wake-ups**: a commit

@@ -309,7 +309,11 @@ class AsyncPostgresStore(_transfer.Uncopyable):
                 query = next(op)
             except StopIteration as stop:
                 return stop.value
-            conn = await self._pool.get()
+            try:
+                conn = await self._pool.get()
+            except BaseException:
+                op.close()  # see PostgresStore._run
+                raise
             try:
                 return await _arun_on(conn, op, query)
             except psycopg.OperationalError as exc:

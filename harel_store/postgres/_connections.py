@@ -186,6 +186,10 @@ def _run_on(conn: Any, op: _Op, query: _Query) -> Any:
                 if not query.unique:
                     raise
                 result: Any = _UNIQUE
+            except psycopg.Error:
+                if not query.tolerant:
+                    raise
+                result = None  # the operation's outcome was settled before it
             else:
                 result = cur.fetchall() if _has_rows(cur) else cur.rowcount
             try:
@@ -193,6 +197,7 @@ def _run_on(conn: Any, op: _Op, query: _Query) -> Any:
             except StopIteration as stop:
                 return stop.value
     except BaseException as exc:
+        op.close()  # now: what it sets back on failure (a commit's version) is set back
         _after_error(conn, exc)
         clear = _clear(exc)
         if clear is exc:
@@ -214,6 +219,10 @@ async def _arun_on(conn: Any, op: _Op, query: _Query) -> Any:
                 if not query.unique:
                     raise
                 result: Any = _UNIQUE
+            except psycopg.Error:
+                if not query.tolerant:
+                    raise
+                result = None
             else:
                 result = await cur.fetchall() if _has_rows(cur) else cur.rowcount
             try:
@@ -221,6 +230,7 @@ async def _arun_on(conn: Any, op: _Op, query: _Query) -> Any:
             except StopIteration as stop:
                 return stop.value
     except BaseException as exc:
+        op.close()
         if _in_transaction(conn):
             with contextlib.suppress(Exception):
                 await conn.rollback()

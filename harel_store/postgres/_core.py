@@ -3,6 +3,7 @@ statements it needs run (no I/O), with its checks and encodings."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import threading
@@ -14,7 +15,16 @@ from .._codec import JSON
 from .._digest import body_digest
 from .._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError
 from .._records import OutboxEntry, SpawnEntry
-from ._schema import _INSPECT, _SQL_CACHE, _STATS_KEYS, INSTALL, MIGRATIONS, SCHEMA_TABLE, _Sql
+from ._schema import (
+    _INSPECT,
+    _SQL_CACHE,
+    _STATS_KEYS,
+    INSTALL,
+    MIGRATIONS,
+    SCHEMA_TABLE,
+    _Sql,
+    schema_objects,
+)
 
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}\Z")
 _LEASE_MAX = 1e10  # seconds (three centuries): a longer lease would overflow a timestamp
@@ -41,12 +51,16 @@ def _import_psycopg() -> Any:
 
 class _Query(NamedTuple):
     """One statement an operation needs run: ``prepare`` for the hot ones; with
-    ``unique``, a unique violation is sent back as :data:`_UNIQUE` instead of raised."""
+    ``unique``, a unique violation is sent back as :data:`_UNIQUE` instead of raised;
+    ``tolerant``, a statement run once the operation's outcome is settled (the trim
+    after an append): its failure is sent back as ``None``, and never raised as the
+    operation's."""
 
     sql: str
     params: Any = None
     prepare: bool | None = None
     unique: bool = False
+    tolerant: bool = False
 
 
 _UNIQUE = object()
@@ -172,9 +186,10 @@ class _Core:
 
     def _schema_version(self) -> Generator[_Query, Any, int | None]:
         """The schema version of this package's tables, ``0`` for an empty schema,
-        ``None`` for none; a ``StoreError`` for a schema that is not this package's or is
-        newer than it."""
-        [(exists, names)] = yield _Query(_INSPECT, {"s": self.schema})
+        ``None`` for none; a ``StoreError`` for a schema that is not this package's, is
+        newer than it, or is damaged (its version row, or a table, index or sequence its
+        version must have, missing)."""
+        [(exists, names, indexes)] = yield _Query(_INSPECT, {"s": self.schema})
         if not exists:
             return None
         if SCHEMA_TABLE not in names:
@@ -188,9 +203,17 @@ class _Core:
         rows = yield _Query(self.sql.version)
         if len(rows) != 1 or rows[0][0] is None or rows[0][0] < 0:
             raise StoreError(
-                f"{self.describe()}: the {SCHEMA_TABLE} table is damaged ({rows[:3]!r})"
+                f"{self.describe()}: the {SCHEMA_TABLE} table is damaged ({rows[:3]!r}); "
+                "nothing was changed"
             )
         version: int = rows[0][0]
+        if version == len(MIGRATIONS):
+            missing = schema_objects(MIGRATIONS).difference(names, indexes)
+            if missing:
+                raise StoreError(
+                    f"{self.describe()}: the harel_store schema (version {version}) is "
+                    f"damaged: it lacks {', '.join(sorted(missing))}; nothing was changed"
+                )
         if version > len(MIGRATIONS):
             raise StoreError(
                 f"{self.describe()} has harel_store schema version {version}, newer than "
@@ -271,6 +294,7 @@ class _Core:
             final.pop(path, None)
             final[path] = fire_at if action == "schedule" else None
         arm = _Texts(path for path, at in final.items() if at is not None)
+        keep = self.trace_max or 0
         # Every parameter has one type whatever its value (an optional one is an array
         # of none or one): one prepared statement per connection (see _adapt).
         params = {
@@ -293,7 +317,7 @@ class _Core:
             "roots": roots,
             "contexts": contexts,
             "step": step,
-            "keep": self.trace_max or 0,
+            "keep": keep,
             "channel": self.channel,
         }
         shape = (
@@ -304,15 +328,42 @@ class _Core:
             bool(children),
             bool(step),
         )
+        # The version is set before anything is written (as SQLite sets it inside its
+        # transaction): an execution that refuses it (frozen, or a setter that raises)
+        # is refused with nothing written. Anything but an applied commit sets it back,
+        # a failed statement included (the runner closes the operation at once).
+        _checks.set_version(exe, version + 1)
+        try:
+            missed = yield from self._commit(exe, eid, version, shape, params, commit_id, epoch)
+        except BaseException:
+            _restore_version(exe, version)
+            raise
+        if missed:
+            yield self._trim(eid, keep)
+        return None
+
+    def _commit(
+        self,
+        exe: Any,
+        eid: str,
+        version: int,
+        shape: tuple[bool, bool, bool, bool, bool, bool],
+        params: dict[str, Any],
+        commit_id: str | None,
+        epoch: int | None,
+    ) -> Generator[_Query, Any, bool]:
+        """:meth:`commit`'s statements: whether it was applied with a trace step whose
+        trim may have missed steps; raises, or sets the version of a replay, else."""
+        cid = params["cid"]
         for _ in range(2):
             rows = yield _Query(self.sql.commit(shape), params, True, unique=True)
             if rows is not _UNIQUE:
-                ok, found, found_epoch, done, done_version = rows[0][:5]
+                ok, found, found_epoch, done, done_version, _, missed = rows[0]
                 if done is not None:
-                    return self._replayed(exe, eid, commit_id, digest[0], done, done_version)
+                    self._replayed(exe, eid, commit_id, params["digest"][0], done, done_version)
+                    return False
                 if ok:
-                    _checks.set_version(exe, version + 1)
-                    return None
+                    return bool(missed)
                 if commit_id is None and found is not None:
                     if epoch is not None and found_epoch is not None and found_epoch > epoch:
                         raise StaleWriter(eid, epoch, found_epoch)
@@ -324,7 +375,8 @@ class _Core:
             rows = yield _Query(self.sql.recheck, {"id": eid, "cid": cid})
             found, found_epoch, done, done_version = rows[0]
             if done is not None:
-                return self._replayed(exe, eid, commit_id, digest[0], done, done_version)
+                self._replayed(exe, eid, commit_id, params["digest"][0], done, done_version)
+                return False
             if epoch is not None and found_epoch is not None and found_epoch > epoch:
                 raise StaleWriter(eid, epoch, found_epoch)
             if found is not None and found != version:
@@ -393,12 +445,21 @@ class _Core:
     def record_trace(self, execution_id: Any, entry: Any) -> _Op:
         step = _checks.trace_step(entry, "trace entry")
         _checks.str_id(execution_id, "execution_id")
+        keep = self.trace_max or 0
         params = {
             "id": execution_id,
             "step": _Blobs([_pack(self._encode(step, "the trace entry"))]),
-            "keep": self.trace_max or 0,
+            "keep": keep,
         }
-        yield _Query(self.sql.record_trace, params, True)
+        rows = yield _Query(self.sql.record_trace, params, True)
+        if rows[0][0]:
+            yield self._trim(execution_id, keep)
+
+    def _trim(self, execution_id: str, keep: int) -> _Query:
+        """The trim to ``keep`` steps of a ring whose append raced another (see
+        ``_schema._MISSED``), run once the append has committed: the ring holds no more
+        than ``trace_max`` steps when the call returns."""
+        return _Query(self.sql.trim, {"id": execution_id, "keep": keep}, True, tolerant=True)
 
     def read_trace(self, execution_id: Any) -> _Op:
         _checks.str_id(execution_id, "execution_id")
@@ -414,11 +475,14 @@ class _Core:
 
     def forget(self, execution_id: Any) -> _Op:
         _checks.str_id(execution_id, "execution_id")
-        # The execution's row is locked first: a commit in flight holds it until it has
-        # landed, and the deletes, a statement later, see everything it wrote.
+        # The execution's row, then its ring's, are locked first, in the order every
+        # writer locks them: a commit or an append in flight holds them until it has
+        # landed, one that comes later waits for the forget; the deletes, a statement
+        # later, see everything the writers before wrote (_Sql.lock).
+        params = {"id": execution_id}
         yield _Query("BEGIN")
-        yield _Query(self.sql.lock, (execution_id,), True)
-        yield _Query(self.sql.forget, {"id": execution_id}, True)
+        yield _Query(self.sql.lock, params, True)
+        yield _Query(self.sql.forget, params, True)
         yield _Query("COMMIT")
 
     def stats(self) -> _Op:
@@ -450,6 +514,14 @@ class _Core:
             return body_digest(self.canonical, body)
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             raise TypeError(f"cannot encode the body of commit {commit_id!r}: {exc}") from exc
+
+
+def _restore_version(exe: Any, version: int) -> None:
+    """Set back the version a commit that was not applied had set (as SQLite's
+    rollback does); the error being raised is the one to show."""
+    with contextlib.suppress(Exception):
+        if exe.version != version:
+            exe.version = version
 
 
 def _pack(data: str | bytes) -> bytes:

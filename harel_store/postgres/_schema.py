@@ -3,6 +3,8 @@ the version it upgrades from) and the statements of every operation (:class:`_Sq
 
 from __future__ import annotations
 
+import re
+
 INSTALL = "pip install 'harel-store[postgres]'"
 SCHEMA_TABLE = "harel_store_schema"
 DEFAULT_SCHEMA = "harel_store"
@@ -63,6 +65,26 @@ MIGRATIONS: list[tuple[str, ...]] = [
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
+_MADE = re.compile(r"CREATE (TABLE|INDEX) (?:\{s\}\.)?(\w+)|SEQUENCE NAME \{s\}\.(\w+)")
+
+
+def schema_objects(migrations: list[tuple[str, ...]]) -> frozenset[str]:
+    """What ``migrations`` make, by name: the tables, their primary keys' indexes
+    (``<table>_pkey``), the other indexes and the sequences. A schema at the version they
+    lead to must hold all of it (a migration that drops or renames one of them must be
+    taught here)."""
+    names: set[str] = set()
+    for step in migrations:
+        for statement in step:
+            for kind, name, sequence in _MADE.findall(statement):
+                if sequence:
+                    names.add(sequence)
+                    continue
+                names.add(name)
+                if kind == "TABLE" and "PRIMARY KEY" in statement:
+                    names.add(f"{name}_pkey")
+    return frozenset(names)
+
 
 # --- the statements ----------------------------------------------------------------------
 
@@ -70,9 +92,17 @@ SCHEMA_VERSION = len(MIGRATIONS)
 def _ring(s: str, when: str) -> str:
     """The parts of a ``WITH`` that append ``%(step)s`` (an array of no step or one) to
     the ring of ``%(id)s`` and trim it to ``%(keep)s`` steps (``0``: keep all), ``when``
-    the condition to append."""
+    the condition to append; :data:`_MISSED` tells whether the trim may have missed steps.
+
+    The upsert of the ring's ``trace_index`` row locks it, so appends of one execution
+    (a commit's, ``append_trace``'s) take turns on it, and each appends at the index the
+    row holds when it gets the lock. The trim deletes what it sees below that index less
+    ``keep``; but the statement sees the rows of its snapshot, taken before it waited for
+    the lock: the steps of appends that committed while it waited are not in it."""
     return f"""
-ring AS (
+seen AS (
+    SELECT next_index FROM {s}.trace_index WHERE execution_id = %(id)s
+), ring AS (
     INSERT INTO {s}.trace_index AS ti (execution_id, next_index)
     SELECT %(id)s, 1 WHERE cardinality(%(step)s::bytea[]) > 0 AND {when}
     ON CONFLICT (execution_id) DO UPDATE SET next_index = ti.next_index + 1
@@ -85,6 +115,17 @@ ring AS (
     WHERE %(keep)s::bigint > 0 AND tr.execution_id = %(id)s
       AND tr.idx < ring.next_index - %(keep)s::bigint
 )"""
+
+
+# Whether the trim of :func:`_ring` may have missed steps: the ring's index moved by more
+# than this append between the statement's snapshot and its lock, so appends committed
+# meanwhile, their steps invisible to it. The store then runs :attr:`_Sql.trim`, on a
+# snapshot that sees them. (Every append adds 1, so an index that moved by 1 is this
+# append's alone.)
+_MISSED = (
+    "(%(keep)s::bigint > 0 AND EXISTS (SELECT FROM ring"
+    " WHERE next_index <> coalesce((SELECT next_index FROM seen), 0) + 1))"
+)
 
 
 def _commit_sql(s: str, shape: tuple[bool, bool, bool, bool, bool, bool]) -> str:
@@ -164,10 +205,11 @@ def _commit_sql(s: str, shape: tuple[bool, bool, bool, bool, bool, bool]) -> str
     SELECT pg_notify(%(channel)s, '') WHERE EXISTS (SELECT FROM ok)
 )""")
     woken = "(SELECT count(*) FROM wake)" if wake else "0::bigint"
+    missed = _MISSED if step else "false"
     return f"""
 WITH {", ".join(parts)}
 SELECT EXISTS (SELECT FROM ok), (SELECT version FROM cur), (SELECT epoch FROM cur),
-    (SELECT digest FROM done), (SELECT version FROM done), {woken}"""
+    (SELECT digest FROM done), (SELECT version FROM done), {woken}, {missed}"""
 
 
 # Copying (PostgresStore._dump and _restore): the tables a copy reads and writes, and the
@@ -201,7 +243,17 @@ SELECT (SELECT version FROM {s}.executions WHERE id = %(id)s),
         WHERE execution_id = %(id)s AND commit_id = ANY (%(cid)s::text[])),
     (SELECT version FROM {s}.commit_ids
         WHERE execution_id = %(id)s AND commit_id = ANY (%(cid)s::text[]))"""
-        self.record_trace = f"WITH {_ring(s, 'true').strip()} SELECT 1"
+        self.record_trace = f"WITH {_ring(s, 'true').strip()} SELECT {_MISSED}"
+        # A ring trimmed again, on a snapshot taken after the append committed (see
+        # _MISSED), under the lock of its row: every writer of a ring locks its
+        # trace_index row before its steps.
+        self.trim = f"""
+WITH ring AS (
+    SELECT next_index FROM {s}.trace_index WHERE execution_id = %(id)s FOR UPDATE
+)
+DELETE FROM {s}.trace AS tr USING ring
+WHERE %(keep)s::bigint > 0 AND tr.execution_id = %(id)s
+  AND tr.idx < ring.next_index - %(keep)s::bigint"""
         self.load = f"SELECT version, body FROM {s}.executions WHERE id = %s"
         self.is_processed = (
             f"SELECT EXISTS (SELECT FROM {s}.processed WHERE execution_id = %s AND event_id = %s)"
@@ -252,7 +304,21 @@ RETURNING t.fire_at, t.seq, t.execution_id, t.path"""
             ("trace_index", "execution_id"),
             ("commit_ids", "execution_id"),
         ]
-        self.lock = f"SELECT FROM {s}.executions WHERE id = %s FOR UPDATE"
+        # forget's locks, before its deletes (a statement later, on a snapshot that sees
+        # everything the writers it waited for wrote): the execution's row, then its
+        # ring's row, in the order every writer takes them (a commit locks the
+        # execution's row first, an append the ring's). A row that does not exist is
+        # inserted, so a writer about to create it waits too; the deletes remove it. A
+        # conflict's DO UPDATE ... WHERE false locks the row and writes nothing.
+        self.lock = f"""
+WITH exe AS (
+    INSERT INTO {s}.executions AS e (id, version, body) VALUES (%(id)s, 0, '')
+    ON CONFLICT (id) DO UPDATE SET version = e.version WHERE false
+    RETURNING 1
+)
+INSERT INTO {s}.trace_index AS ti (execution_id, next_index)
+SELECT %(id)s, 0 FROM (SELECT count(*) FROM exe) AS locked
+ON CONFLICT (execution_id) DO UPDATE SET next_index = ti.next_index WHERE false"""
         self.forget = (
             "WITH "
             + ", ".join(
@@ -341,11 +407,16 @@ RETURNING t.fire_at, t.seq, t.execution_id, t.path"""
         return sql
 
 
+# Whether the schema exists, the names of its relations, and of its indexes.
 _INSPECT = """
 SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = %(s)s),
     ARRAY(
         SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = %(s)s AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S') ORDER BY 1
+    ),
+    ARRAY(
+        SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = %(s)s AND c.relkind IN ('i', 'I') ORDER BY 1
     )"""
 _STATS_KEYS = ("executions", "outbox", "spawns", "timers", "processed", "traces", "trace_steps")
 _SQL_CACHE: dict[str, _Sql] = {}

@@ -448,7 +448,11 @@ class PostgresStore(_transfer.Uncopyable):
             except StopIteration as stop:
                 return stop.value
             pool = self._open_pool()
-            conn = pool.get()
+            try:
+                conn = pool.get()
+            except BaseException:
+                op.close()  # the operation ends now (a commit sets back the version it set)
+                raise
             try:
                 return _run_on(conn, op, query)
             except psycopg.OperationalError as exc:

@@ -852,7 +852,7 @@ def test_a_failed_command_line_copy_removes_only_the_file_it_made(
 
     monkeypatch.setattr(copy_cli._Display, "__call__", interrupt)
     assert copy_cli.main([src, f"sqlite:///{tmp_path}/new.db"]) == 130
-    assert "interrupted: nothing was written" in capsys.readouterr().err
+    assert "copy: interrupted by SIGINT: nothing was written to " in capsys.readouterr().err
     assert _files(tmp_path) == before
 
     # An empty database that was there before stays.

@@ -63,6 +63,25 @@ def stats_of(path: Path) -> dict[str, int]:
         return store.stats()
 
 
+def assert_finished(path: Path) -> None:
+    """A finished run leaves its driver only, recording it, in phase ``done``."""
+    from harel_store.sqlite import SqliteStore
+
+    with SqliteStore(path) as store:
+        stats = store.stats()
+        driver = store.load("demo/driver")
+    assert driver is not None and driver.context["phase"] == "done"
+    assert driver.context["problems"] == []
+    assert {k: v for k, v in stats.items() if k != "trace_steps"} == {
+        "executions": 1,
+        "outbox": 0,
+        "spawns": 0,
+        "timers": 0,
+        "processed": 0,
+        "traces": 1,
+    }
+
+
 # -- one process --------------------------------------------------------------------------
 
 
@@ -74,9 +93,10 @@ def test_demo_on_a_sqlite_file(tmp_path: Path) -> None:
     assert "SqliteStore (harel_store.sqlite) at sqlite:///orders.db" in first
     assert "orders:      200 (" in proc.stdout
     assert "commits/s (SqliteStore)" in proc.stdout
-    # A finished run leaves the database empty, ready for the next one.
-    assert set(stats_of(tmp_path / "orders.db").values()) == {0}
+    # A finished run leaves only its driver, and the database is ready for the next run.
+    assert_finished(tmp_path / "orders.db")
     assert_ok(run_demo("--store", "sqlite:///orders.db", "-n", "20", "--quiet", cwd=tmp_path))
+    assert_finished(tmp_path / "orders.db")
 
 
 def test_store_url_from_the_environment(tmp_path: Path) -> None:
@@ -140,7 +160,7 @@ def test_kill_9_then_resume(tmp_path: Path) -> None:
     assert "resuming the run of 600 orders (seed 1)" in resumed.stdout
     assert "orders:      600 (" in resumed.stdout
     assert "run 2 of the demonstration in this store (resumed" in resumed.stdout
-    assert set(stats_of(path).values()) == {0}
+    assert_finished(path)
 
 
 def test_resume_of_an_empty_store_starts_a_run(tmp_path: Path) -> None:
@@ -184,7 +204,7 @@ def test_workers_on_sqlite(tmp_path: Path) -> None:
     )
     assert_workers(proc, 2)
     assert "orders:      200 (" in proc.stdout
-    assert set(stats_of(tmp_path / "orders.db").values()) == {0}
+    assert_finished(tmp_path / "orders.db")
 
 
 def worker_pids(parent: int) -> list[int]:
@@ -296,7 +316,7 @@ def test_kill_9_of_the_coordinator_then_resume_with_workers(tmp_path: Path) -> N
     resumed = run_demo(*args, "--resume", cwd=tmp_path)
     assert_workers(resumed, 2)
     assert "resuming the run of 600 orders (seed 1)" in resumed.stdout
-    assert set(stats_of(path).values()) == {0}
+    assert_finished(path)
 
 
 @pytest.mark.parametrize(
@@ -445,7 +465,8 @@ def test_resume_after_a_crash_at_any_commit(at: int, landed: bool, tmp_path: Pat
     """Killed at a commit (before it lands, or after it landed and before the caller
     heard of it), the run is finished by a resumed one from what the store holds. At
     the last commit (-1), the one that records the run checked, the resumed run only
-    reports that and clears the store."""
+    reports that and clears what is left of the run but its driver; a run without
+    --resume then starts a new one."""
     from harel_store import DictStore
     from harel_store._demo.durable import Refused, run_durable
     from harel_store.sqlite import SqliteStore
@@ -459,16 +480,22 @@ def test_resume_after_a_crash_at_any_commit(at: int, landed: bool, tmp_path: Pat
             CrashingStore(store, at if at > 0 else last, landed), where="crash.db", n=n, lease=0.05
         )
     with SqliteStore(path) as store:
-        with pytest.raises(Refused, match="add --resume"):
-            run_durable(store, where="crash.db")
+        if at != -1:
+            with pytest.raises(Refused, match="add --resume"):
+                run_durable(store, where="crash.db")
         result = run_durable(store, where="crash.db", resume=True, lease=0.05)
         assert result["problems"] == []
-        assert result["resumed"] and result["runs"] == 2
-        if at == -1:
-            assert "completed" not in result
+        assert result["resumed"]
+        if at == -1:  # finished: reported as it was recorded, not run again
+            assert "completed" not in result and result["runs"] == 1
         else:
             assert result["completed"] + result["timed_out"] == n
-        assert set(store.stats().values()) == {0}
+            assert result["runs"] == 2
+    assert_finished(path)
+    if at == -1:
+        with SqliteStore(path) as store:
+            again = run_durable(store, where="crash.db", n=30)
+        assert again["problems"] == [] and not again["resumed"] and again["orders"] == 30
 
 
 @pytest.mark.parametrize("lease", ["inf", "1e309", "nan", "0", "-1"])
@@ -478,10 +505,140 @@ def test_a_lease_that_is_not_a_finite_positive_number_is_a_usage_error(
     import harel_store.cli.demo as cli
 
     store = f"sqlite:///{tmp_path}/x.db"
-    with pytest.raises(SystemExit) as info:
-        cli.main(["--store", store, "-n", "5", "--quiet", "--lease", lease])
-    assert info.value.code == 2
-    assert f"argument --lease: must be a finite number more than 0, got {lease}" in (
-        capsys.readouterr().err
-    )
+    assert cli.main(["--store", store, "-n", "5", "--quiet", "--lease", lease]) == 2
+    err = capsys.readouterr().err
+    assert f"argument --lease: must be a finite number more than 0, got {lease}" in err
+    assert err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []  # the store was not touched
+
+
+# -- resuming: a finished run, leases, rates ----------------------------------------------
+
+
+def test_resume_of_a_finished_run_says_so(tmp_path: Path) -> None:
+    """One line, exit 0, and the store as it was; without --resume, a new run starts."""
+    assert_ok(run_demo("--store", "sqlite:///orders.db", "-n", "40", "--quiet", cwd=tmp_path))
+    before = stats_of(tmp_path / "orders.db")
+    for extra in ((), ("--workers", "2")):
+        proc = run_demo("--store", "sqlite:///orders.db", "--resume", *extra, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr == ""
+        assert proc.stdout == (
+            "the run in sqlite:///orders.db had finished: 40 orders (seed 1; 36 completed, "
+            "4 timed out), and passed its checks; nothing to resume (without --resume, a "
+            "new run starts)\n"
+        )
+        assert stats_of(tmp_path / "orders.db") == before
+    again = run_demo("--store", "sqlite:///orders.db", "-n", "30", "--quiet", cwd=tmp_path)
+    assert_ok(again)
+    assert "driving 30 orders" in again.stdout and "run 1 of" in again.stdout
+
+
+def test_resume_of_a_run_that_failed_its_checks_exits_1(tmp_path: Path) -> None:
+    from harel_store.sqlite import SqliteStore
+
+    assert_ok(run_demo("--store", "sqlite:///orders.db", "-n", "20", "--quiet", cwd=tmp_path))
+    with SqliteStore(tmp_path / "orders.db") as store:
+        driver = store.load("demo/driver")
+        assert driver is not None
+        driver.context["problems"] = ["orders completed: got 17, expected 18"]
+        store.commit(driver, [], None, [], [], {"event": "broken"})
+    proc = run_demo("--store", "sqlite:///orders.db", "--resume", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith(
+        "the run in sqlite:///orders.db had finished: 20 orders (seed 1; "
+    )
+    assert "and 1 of its checks failed (orders completed: got 17, expected 18)" in proc.stderr
+
+
+def abandoned_run(path: Path, n: int, lease: float) -> int:
+    """A run whose process died holding claims on what the first tick put in the outbox
+    (its wake-up and the ``place`` event of each order): how many it claimed."""
+    from harel_store._demo.durable import Coordinator
+    from harel_store.sqlite import SqliteStore
+
+    with SqliteStore(path) as store:
+        coord = Coordinator(store, str(path))
+        coord.open(n, 1, False)
+        coord.advance()
+        return len(store.claim_outbox(1000, lease=lease))
+
+
+@pytest.mark.parametrize("workers", [(), ("--workers", "1")], ids=["one-process", "workers"])
+def test_progress_says_when_the_run_waits_for_leases(
+    workers: tuple[str, ...], tmp_path: Path
+) -> None:
+    claimed = abandoned_run(tmp_path / "orders.db", 30, lease=3.0)
+    assert claimed == 31
+    proc = run_demo("--store", "sqlite:///orders.db", "--resume", *workers, cwd=tmp_path)
+    assert_ok(proc)
+    waits = [line for line in proc.stderr.splitlines() if "waiting for the leases" in line]
+    assert len(waits) == 1, proc.stderr
+    assert re.match(
+        r"^  waiting for the leases on \d+ items of work to run out \(a process that "
+        r"stopped had claimed them\), [\d.]+ s$",
+        waits[0],
+    )
+
+
+def test_waiting_is_reported_once_per_stall(tmp_path: Path) -> None:
+    from harel_store._demo.durable import run_durable
+    from harel_store.sqlite import SqliteStore
+
+    path = tmp_path / "orders.db"
+    abandoned_run(path, 30, lease=0.5)
+    calls: list[int] = []
+    with SqliteStore(path) as store:
+        result = run_durable(store, where="x", resume=True, lease=0.5, waiting=calls.append)
+    assert result["problems"] == []
+    assert calls == [31]  # what the dead process claimed; nothing else is pending then
+
+
+def test_rates_after_a_resume_count_this_runs_work_only(tmp_path: Path) -> None:
+    """Killed late, the run is resumed with most orders finished: its orders/s counts
+    the orders it finished, not those finished before."""
+    from harel_store import DictStore
+    from harel_store._demo.durable import run_durable
+    from harel_store.sqlite import SqliteStore
+
+    n = 120
+    path = tmp_path / "late.db"
+    at = run_durable(DictStore(), where="memory:", n=n)["commits"] - 200
+    with SqliteStore(path) as store, pytest.raises(Crash):
+        run_durable(CrashingStore(store, at, True), where="late.db", n=n, lease=0.05)
+    with SqliteStore(path) as store:
+        ledger = store.load("demo/ledger")
+        assert ledger is not None
+        before = ledger.context["finished"]
+        assert 0 < before < n
+        result = run_durable(store, where="late.db", resume=True, lease=0.05)
+    assert result["problems"] == [] and result["resumed"]
+    assert result["finished_before"] == before
+    assert result["orders_per_s"] == pytest.approx((n - before) / result["elapsed"])
+    # The executions made by this run: far fewer than the run's in all.
+    assert result["executions_per_s"] * result["elapsed"] < result["executions"] / 2
+
+
+def test_the_report_of_a_resumed_run_says_what_it_did(tmp_path: Path) -> None:
+    from harel_store import DictStore
+    from harel_store._demo.durable import run_durable
+    from harel_store.sqlite import SqliteStore
+
+    n = 120
+    at = run_durable(DictStore(), where="memory:", n=n)["commits"] - 200
+    with SqliteStore(tmp_path / "late.db") as store, pytest.raises(Crash):
+        run_durable(CrashingStore(store, at, True), where="late.db", n=n, lease=0.05)
+    with SqliteStore(tmp_path / "late.db") as store:
+        ledger = store.load("demo/ledger")
+        assert ledger is not None
+        before = ledger.context["finished"]
+    proc = run_demo("--store", "sqlite:///late.db", "--resume", "--lease", "0.05", cwd=tmp_path)
+    assert_ok(proc)
+    assert f"{before} orders finished before" in proc.stdout
+    assert f"; {n - before} finished in this run, {before} before it)" in proc.stdout
+    line = re.search(r"^elapsed ([\d.]+) s: ([\d,]+) orders/s", proc.stdout, re.MULTILINE)
+    assert line is not None, proc.stdout
+    elapsed, rate = float(line.group(1)), int(line.group(2).replace(",", ""))
+    assert rate == pytest.approx((n - before) / elapsed, rel=0.05, abs=1)  # 3 decimals of s

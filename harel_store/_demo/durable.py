@@ -9,7 +9,10 @@ Everything a run needs to go on lives in the store, so a run killed at any instr
   (``tick``, ``now``), the orders admitted so far (``admitted``; ``batch_from``, the
   first of the last tick's batch), ``runs`` (the incarnation, also the writer epoch of
   its commits, so a run that was given up for dead cannot move the clock any more) and
-  ``phase`` (``running``, ``stopping``, ``done``). Only the coordinator writes it.
+  ``phase`` (``running``, ``stopping``, ``done``). Only the coordinator writes it. A
+  run that has finished leaves its driver alone in the store, in phase ``done`` with
+  what it found (``problems``, the tallies), so that a ``--resume`` says that it
+  finished instead of starting another; a new run forgets it first.
 - the ledger, execution ``demo/ledger``: the tallies of the orders retired so far, and
   the ids of those retired since the last tick (``retired``). A relay retires an order
   with a commit of the ledger that marks its ``order_finished`` event processed, so an
@@ -90,7 +93,19 @@ LEDGER = "demo/ledger"
 LEASE = 10.0  # seconds a claim holds: a killed run's claims are taken over after this
 CLAIM = 100  # entries per claim
 RETRIES = 5  # tries of a commit whose outcome is unknown
-DEFAULT_ORDERS = 20_000
+# The orders of a run that does not say (-n), by the kind of store: each takes about
+# 10 to 15 s on a 2-core machine (PostgreSQL with fsync on, one commit per transition).
+DEFAULT_ORDERS = {"memory": 20_000, "sqlite": 2_000, "postgresql": 500}
+SERVICES = (INVENTORY, PAYMENT)
+
+
+def default_orders(store: Any) -> int:
+    """How many orders a run on ``store`` drives unless told: see :data:`DEFAULT_ORDERS`."""
+    module = type(store).__module__
+    for kind in ("postgres", "sqlite"):
+        if kind in module.split("."):
+            return DEFAULT_ORDERS["postgresql" if kind == "postgres" else kind]
+    return DEFAULT_ORDERS["memory"]
 
 
 class Refused(Exception):
@@ -416,15 +431,26 @@ class Coordinator(_Writer):
         self.resumed = False
         self.note = ""
         self.created = 0
+        self.finished_before = 0  # orders finished by the runs before this one
         self.peak = 0
 
     # -- the driver -------------------------------------------------------------------
 
-    def open(self, n: int | None, seed: int | None, resume: bool) -> None:
+    def open(
+        self, n: int | None, seed: int | None, resume: bool, *, default_n: int | None = None
+    ) -> None:
         """Start a run in an empty store, or (``resume``) take over the one in it.
-        Raises :class:`Refused` when neither is possible, saying why."""
+        Raises :class:`Refused` when neither is possible, saying why.
+
+        ``n`` and ``seed`` default to the recorded ones when resuming, else to
+        ``default_n`` (default: :func:`default_orders`) and 1. A store whose run has
+        finished is ready for a new one; resumed, it is left as it is, and
+        :attr:`phase` is ``"done"`` (:meth:`conclude_finished` reports it)."""
         store = self.store
         driver = store.load(DRIVER)
+        if driver is not None and driver.context["phase"] == "done" and not resume:
+            self._make_way(driver)
+            driver = None
         if driver is None:
             stats = store.stats()
             if any(stats.values()):
@@ -435,7 +461,8 @@ class Coordinator(_Writer):
                 )
             if resume:
                 self.note = f"nothing to resume in {self.where}: starting a new run"
-            n = DEFAULT_ORDERS if n is None else n
+            if n is None:
+                n = default_orders(store) if default_n is None else default_n
             seed = 1 if seed is None else seed
             driver = Execution(
                 id=DRIVER,
@@ -452,7 +479,10 @@ class Coordinator(_Writer):
                     "phase": "running",
                 },
             )
-            step: tuple[str, str, str, int] = ("created", "", "created", 1)
+            step: tuple[str, str, str, int] | None = ("created", "", "created", 1)
+        elif driver.context["phase"] == "done":
+            step = None  # finished: nothing to take over
+            self.resumed = True
         else:
             context = driver.context
             if not resume:
@@ -477,14 +507,15 @@ class Coordinator(_Writer):
                 context["phase"] = "running"
             step = ("resumed", before, f"run-{runs}", runs)
             self.resumed = True
-        kind, before, what, epoch = step
-        try:
-            self.commit(driver, NOTHING, None, kind, before, what, epoch)
-        except (StoreConflict, StaleWriter) as exc:
-            raise Refused(
-                f"another process started or resumed the run in {self.where} at the same "
-                f"moment ({exc})"
-            ) from None
+        if step is not None:
+            kind, before, what, epoch = step
+            try:
+                self.commit(driver, NOTHING, None, kind, before, what, epoch)
+            except (StoreConflict, StaleWriter) as exc:
+                raise Refused(
+                    f"another process started or resumed the run in {self.where} at the "
+                    f"same moment ({exc})"
+                ) from None
         self.driver = driver
         self.n = driver.context["n"]
         self.seed = driver.context["seed"]
@@ -492,12 +523,28 @@ class Coordinator(_Writer):
         self.now = driver.context["now"]
         if driver.context["phase"] == "done":
             return
+        self.finished_before = self._finished()
         # Created on every start, each only if missing: a crash may have come between.
         for exe in (*new_services(), new_ledger()):
             if store.load(exe.id) is None:
                 self.create(exe, None)
         if self.resumed:  # the last batch may have been cut short
             self._admit(driver.context["batch_from"], driver.context["admitted"], again=True)
+
+    def _make_way(self, driver: Execution) -> None:
+        """Forget the finished run ``driver`` records, for a new one: unless the store
+        holds more than what is left of that run."""
+        store = self.store
+        ours = [i for i in (*SERVICES, LEDGER) if store.load(i) is not None]
+        executions = store.stats()["executions"]
+        if executions > len(ours) + 1:
+            raise Refused(
+                f"{self.where} is not empty ({executions - len(ours) - 1:,} executions "
+                "besides a finished run of the demonstration): give --store an empty "
+                "database"
+            )
+        for execution_id in (*ours, DRIVER):
+            store.forget(execution_id)
 
     @property
     def phase(self) -> str:
@@ -648,8 +695,13 @@ class Coordinator(_Writer):
 
         driver = self.driver
         before = self.phase
-        driver.context["phase"] = "done"
-        driver.context["problems"] = problems[:MAX_PROBLEMS]
+        driver.context.update(
+            phase="done",
+            problems=problems[:MAX_PROBLEMS],
+            finished=finished,
+            completed=tallies["completed"],
+            timed_out=tallies["timed_out"],
+        )
         self.commit(driver, NOTHING, None, "done", before, "done", driver.context["runs"])
         commits = self.commits + sum(r["commits"] for r in reports)
         keep = [s for s in (*services, ledger, driver) if s is not None]
@@ -668,13 +720,15 @@ class Coordinator(_Writer):
                 "trace_steps": sum(min(e.version, trace_max or e.version) for e in keep),
             },
         )
-        for execution_id in (INVENTORY, PAYMENT, LEDGER, DRIVER):
+        # The driver stays, recording the finished run: a --resume says so.
+        for execution_id in (*SERVICES, LEDGER):
             store.forget(execution_id)
         stats_after = store.stats()
-        expect("store stats after forget", stats_after, dict.fromkeys(stats, 0))
+        expect("store stats after forget", stats_after, _only_the_driver(stats, driver, trace_max))
 
         executions = 2 + self.n + tallies["children"]
         made = self.created + children_created + (0 if self.resumed else 2)
+        here = finished - self.finished_before  # the rates count this run's work only
         return DemoResult(
             orders=self.n,
             completed=tallies["completed"],
@@ -689,6 +743,7 @@ class Coordinator(_Writer):
             ticks=self.tick,
             peak_live_executions=self.peak,
             elapsed=elapsed,
+            orders_per_s=here / elapsed if elapsed > 0 else 0.0,
             executions_per_s=made / elapsed if elapsed > 0 else 0.0,
             commits_per_s=commits / elapsed if elapsed > 0 else 0.0,
             stats=stats,
@@ -696,17 +751,20 @@ class Coordinator(_Writer):
             problems=problems,
             seed=self.seed,
             resumed=self.resumed,
+            finished_before=self.finished_before,
             runs=driver.context["runs"],
             conflicts=self.conflicts + sum(r["conflicts"] for r in reports),
             workers=reports,
         )
 
     def conclude_finished(self) -> DemoResult:
-        """A run killed after it was checked, while it cleared the store: report what
-        it recorded and clear the rest."""
+        """The run in the store had finished and been checked: report what it recorded,
+        and forget what is left of it but its driver (a run killed while it cleared the
+        store leaves the services or the ledger)."""
         store = self.store
-        recorded = list(self.driver.context.get("problems", []))
-        for execution_id in (INVENTORY, PAYMENT, LEDGER, DRIVER):
+        context = self.driver.context
+        recorded = list(context.get("problems", []))
+        for execution_id in (*SERVICES, LEDGER):
             store.forget(execution_id)
         stats = store.stats()
         return DemoResult(
@@ -715,6 +773,7 @@ class Coordinator(_Writer):
             commits=self.commits,
             ticks=self.tick,
             elapsed=0.0,
+            orders_per_s=0.0,
             executions_per_s=0.0,
             commits_per_s=0.0,
             stats=stats,
@@ -722,7 +781,8 @@ class Coordinator(_Writer):
             problems=recorded,
             seed=self.seed,
             resumed=True,
-            runs=self.driver.context["runs"],
+            runs=context["runs"],
+            finished_before=context.get("finished", self.n),
             workers=[],
         )
 
@@ -735,6 +795,17 @@ class Coordinator(_Writer):
                 store.ack_outbox(seq)
             else:
                 add_problem(problems, f"left in the outbox: {seq} {target!r} {event!r}")
+
+
+def _only_the_driver(
+    stats: dict[str, int], driver: Execution, trace_max: int | None
+) -> dict[str, int]:
+    """What a store holds once a run has finished and been cleared: its driver."""
+    expected = dict.fromkeys(stats, 0)
+    expected.update(
+        executions=1, traces=1, trace_steps=min(driver.version, trace_max or driver.version)
+    )
+    return expected
 
 
 def max_ticks(n: int) -> int:
@@ -755,12 +826,18 @@ def run_durable(
     resume: bool = False,
     lease: float = LEASE,
     progress: Callable[[int, int], None] | None = None,
+    waiting: Callable[[int], None] | None = None,
     coordinator: Coordinator | None = None,
 ) -> DemoResult:
     """Run the demonstration in this process on a durable ``store`` (``where`` names it
-    in messages): start a run in an empty store, or with ``resume`` finish the one it
-    holds. ``n`` and ``seed`` default to the recorded ones when resuming, else to 20,000
-    and 1. Raises :class:`Refused` when the store can take neither."""
+    in messages): start a run in an empty store (or one whose run has finished), or
+    with ``resume`` finish the one it holds. ``n`` and ``seed`` default to the recorded
+    ones when resuming, else to :func:`default_orders` and 1. Raises :class:`Refused`
+    when the store can take neither.
+
+    ``progress(finished, n)`` is called at every tick; ``waiting(items)`` when the run
+    starts waiting for work that a stopped process claimed (``items`` of it) to be
+    claimable again, as the claims' leases run out."""
     coord = coordinator or Coordinator(store, where)
     if coordinator is None:
         coord.open(n, seed, resume)
@@ -769,15 +846,21 @@ def run_durable(
     relay = Relay(store, lease=lease)
     start = perf_counter()
     pause = 0.001
+    stalled = False
     while True:
         if relay.round():
             continue
-        if coord.pending():
+        left = coord.pending()
+        if left:
             # Claimed by a process that died: ours once their lease runs out.
+            if not stalled and waiting is not None:
+                waiting(left)
+            stalled = True
             time.sleep(pause)
             pause = min(pause * 2, 0.1)
             continue
         pause = 0.001
+        stalled = False
         finished = coord.forget_retired()
         if progress is not None:
             progress(finished, coord.n)

@@ -338,6 +338,7 @@ def run(
         ticks=ticks,
         peak_live_executions=peak,
         elapsed=elapsed,
+        orders_per_s=flow.notifications / elapsed if elapsed > 0 else 0.0,
         executions_per_s=executions / elapsed if elapsed > 0 else 0.0,
         commits_per_s=flow.commits / elapsed if elapsed > 0 else 0.0,
         stats=stats,

@@ -53,6 +53,7 @@ class DemoResult(TypedDict, total=False):
     ticks: int
     peak_live_executions: int
     elapsed: float
+    orders_per_s: float  # orders finished per second, by this run (not those before a resume)
     executions_per_s: float
     commits_per_s: float
     stats: dict[str, int]
@@ -61,6 +62,7 @@ class DemoResult(TypedDict, total=False):
     # durable stores
     seed: int
     resumed: bool
+    finished_before: int  # orders finished by the runs before this one (a resumed run)
     runs: int
     conflicts: int
     workers: list[WorkerReport]

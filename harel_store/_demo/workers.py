@@ -16,9 +16,11 @@ import contextlib
 import multiprocessing
 import multiprocessing.connection
 import os
+import signal
+import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from time import perf_counter
 from typing import Any
 
@@ -28,6 +30,12 @@ from .result import DemoResult, WorkerReport
 
 IDLE_WAIT = 0.25  # seconds a worker waits for work before it looks around again
 STOP_TIMEOUT = 60.0  # seconds the workers are given to report once told to stop
+HALT_TIMEOUT = 10.0  # seconds the workers are given to stop on SIGTERM when the run is cut short
+STALL = 1.0  # seconds the work left stays as it is before the run says it waits for leases
+
+
+class _Stopped(BaseException):
+    """SIGTERM in a worker: the coordinator stops it (the run was cut short)."""
 
 
 def run_workers(
@@ -37,43 +45,59 @@ def run_workers(
     *,
     lease: float = LEASE,
     progress: Callable[[int, int], None] | None = None,
+    waiting: Callable[[int], None] | None = None,
 ) -> DemoResult:
     """Run the demonstration opened by ``coord`` (on the store of ``url``) with its
-    relays in ``workers`` processes."""
+    relays in ``workers`` processes. ``progress`` and ``waiting`` are called as by
+    :func:`~.durable.run_durable` (``waiting`` when the work left has not changed for
+    :data:`STALL` seconds: claimed by a process that stopped).
+
+    Cut short by an exception (a signal, a store error), the workers are stopped with
+    SIGTERM, killed after :data:`HALT_TIMEOUT` seconds, and the exception goes on: the
+    run stays in the store for ``--resume``."""
     if coord.phase == "done":
         return coord.conclude_finished()
     # Spawned, not forked: a worker opens its own store, and shares no connection, lock
     # or thread with this process. Each reports through a pipe of its own (no semaphore
     # to leak when a process is killed), whose end tells when a worker died silently.
     context = multiprocessing.get_context("spawn")
-    procs = []
-    pipes = []
-    for k in range(1, workers + 1):
-        receive, send = context.Pipe(duplex=False)
-        proc = context.Process(
-            target=work,
-            args=(url, k, lease, send, os.getpid()),
-            name=f"harel-store-demo-worker-{k}",
-            daemon=True,
-        )
-        proc.start()
-        send.close()
-        procs.append(proc)
-        pipes.append(receive)
+    procs: list[Any] = []
+    pipes: list[Any] = []
     problems: list[str] = []
-    start = perf_counter()
     try:
+        with _sigint_ignored_by_children():
+            for k in range(1, workers + 1):
+                receive, send = context.Pipe(duplex=False)
+                pipes.append(receive)
+                proc = context.Process(
+                    target=work,
+                    args=(url, k, lease, send, os.getpid()),
+                    name=f"harel-store-demo-worker-{k}",
+                    daemon=True,
+                )
+                proc.start()
+                send.close()
+                procs.append(proc)
+        start = perf_counter()
         pause = 0.002
+        last, since, told = 0, 0.0, False
         while True:
             left = coord.pending()
             if left:
                 if not any(proc.is_alive() for proc in procs):
                     problems.append(f"every worker stopped with {left:,} items of work left")
                     break
+                now = time.monotonic()
+                if left != last:
+                    last, since = left, now
+                elif not told and now - since >= STALL and waiting is not None:
+                    waiting(left)
+                    told = True
                 time.sleep(pause)
                 pause = min(pause * 1.5, 0.05)
                 continue
             pause = 0.002
+            last, told = 0, False
             finished = coord.forget_retired()
             if progress is not None:
                 progress(finished, coord.n)
@@ -81,14 +105,51 @@ def run_workers(
                 break
             coord.advance()
         elapsed = perf_counter() - start
-    finally:
-        try:
-            coord.stop()
-        finally:  # stopped or not, the workers stop with this process (daemons)
-            reports = _collect(pipes, procs)
+        coord.stop()
+        reports = _collect(pipes, procs)
+    except BaseException:
+        _halt(procs, pipes)
+        raise
     result = coord.conclude([counts for _, counts in reports], [r for r, _ in reports], elapsed)
     result["problems"][:0] = problems
     return result
+
+
+@contextlib.contextmanager
+def _sigint_ignored_by_children() -> Iterator[None]:
+    """Start processes that ignore SIGINT from their first instruction (the disposition
+    goes through exec): Ctrl-C reaches every process of the terminal's group, and the
+    coordinator, not each worker, decides what it does. Meanwhile this process holds a
+    SIGINT back (blocked) and takes it after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    mask = hasattr(signal, "pthread_sigmask")
+    if mask:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
+        if mask:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _halt(procs: list[Any], pipes: list[Any]) -> None:
+    """Stop the workers of a run cut short: SIGTERM, then SIGKILL for those still there
+    after :data:`HALT_TIMEOUT` seconds."""
+    for proc in procs:
+        with contextlib.suppress(OSError, ValueError):
+            proc.terminate()
+    deadline = time.monotonic() + HALT_TIMEOUT
+    for proc in procs:
+        proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    for pipe in pipes:
+        pipe.close()
 
 
 def _collect(pipes: list[Any], procs: list[Any]) -> list[tuple[WorkerReport, dict[str, int]]]:
@@ -142,8 +203,26 @@ def _failed(
     return report, {}
 
 
+def _stop(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the worker is on its way out
+    raise _Stopped
+
+
 def work(url: str, worker: int, lease: float, results: Any, parent: int) -> None:
-    """A worker process: relay until the run is over or the coordinator is gone."""
+    """A worker process: relay until the run is over or the coordinator is gone; stop
+    quietly on SIGTERM (the coordinator's, when the run is cut short). SIGINT is the
+    coordinator's to handle."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        report = _relay(url, worker, lease, parent)
+        with results, contextlib.suppress(OSError):  # a coordinator killed hears nothing
+            results.send(report)
+    except _Stopped:
+        pass  # what it claimed goes to the resumed run as the leases run out
+
+
+def _relay(url: str, worker: int, lease: float, parent: int) -> tuple[WorkerReport, dict[str, int]]:
     try:
         with open_store(url) as store:
             relay = Relay(store, lease=lease)
@@ -157,8 +236,8 @@ def work(url: str, worker: int, lease: float, results: Any, parent: int) -> None
                         break
                     store.wait_for_work(IDLE_WAIT)
             elapsed = perf_counter() - start
-            report = relay.report(worker, elapsed), relay.counts()
+            return relay.report(worker, elapsed), relay.counts()
+    except _Stopped:
+        raise
     except BaseException:  # noqa: BLE001 - the coordinator reports it
-        report = _failed(worker, os.getpid(), traceback.format_exc(limit=5))
-    with results, contextlib.suppress(OSError):  # a coordinator killed hears nothing
-        results.send(report)
+        return _failed(worker, os.getpid(), traceback.format_exc(limit=5))

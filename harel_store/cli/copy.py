@@ -8,12 +8,24 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 from .._copy import copy_store
 from .._errors import StoreError
+from .._open import open_store, private_store, sqlite_file
+from ._common import PROG as COMMAND_LINE
+from ._common import (
+    SIGNALS,
+    Command,
+    Failed,
+    Interrupted,
+    StoreURL,
+    UsageError,
+    execute,
+)
 
+PROG = f"{COMMAND_LINE} copy"
 PROGRESS_INTERVAL = 1.0  # seconds before the command line shows progress, and between lines
 
 
@@ -52,17 +64,19 @@ class _Display:
         )
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m harel_store copy",
-        description=(
-            "Copy everything a store holds (executions, pending outbox and spawn entries, "
-            "processed marks, timers, trace rings, commit ids, writer epochs) into an "
-            "empty store, in one transaction: from SQLite to PostgreSQL, say, when an "
-            "engine outgrows one machine. Leases are not copied. Stop the engine's "
-            "writers to a memory source first; a durable source is read in one snapshot."
-        ),
-    )
+SUMMARY = "copy everything a store holds into an empty one (SRC_URL DST_URL)"
+DESCRIPTION = (
+    "Copy everything a store holds (executions, pending outbox and spawn entries, "
+    "processed marks, timers, trace rings, commit ids, writer epochs) into an empty "
+    "store, in one transaction: from SQLite to PostgreSQL, say, when an engine outgrows "
+    "one machine. Leases are not copied. Stop the engine's writers to a memory source "
+    "first; a durable source is read in one snapshot. Exits 0 when everything was "
+    "copied, 1 when nothing was (saying why), 2 for a usage error, 130 or 143 when "
+    "SIGINT or SIGTERM stopped it (nothing written)."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "src",
         metavar="SRC_URL",
@@ -74,93 +88,86 @@ def _parser() -> argparse.ArgumentParser:
         help="the empty store to copy into: sqlite:///path.db or postgresql://...",
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m harel_store copy SRC_URL DST_URL``: 0 when everything was copied,
-    1 with a message on stderr when nothing was, 2 for a usage error (a bad option or
-    URL, or a destination that would vanish with the command). A SQLite file the command
-    made for the copy is removed when the copy fails; a missing or empty SQLite source is
-    refused before anything is opened."""
-    parser = _parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help, or a usage error argparse has shown
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    from .._open import private_store, redact, sqlite_file
+    """``python -m harel_store copy ARGV``: 0 when everything was copied, 1 with a
+    message on stderr when nothing was, 2 for a usage error (a bad option or URL, or a
+    destination that would vanish with the command), 130/143 when SIGINT/SIGTERM
+    stopped it. A SQLite file the command made for the copy is removed when the copy
+    fails; a missing or empty SQLite source is refused before anything is opened."""
+    command = cast(Command, sys.modules[__name__])
+    return execute(command, PROG, sys.argv[1:] if argv is None else argv)
 
-    src_url, dst_url = redact(args.src), redact(args.dst)
 
-    def fail(message: str, code: int = 1) -> int:
-        print(f"{parser.prog}: error: {message}", file=sys.stderr, flush=True)
-        return code
-
-    try:
-        private_store(args.src)
-    except ValueError as exc:
-        return fail(f"cannot open {src_url}: {exc}", 2)
-    try:
-        throwaway = private_store(args.dst)
-    except ValueError as exc:
-        return fail(f"cannot open {dst_url}: {exc}", 2)
-    if throwaway:
-        return fail(
-            f"{dst_url} would vanish with this command, and the copy with it: copy into "
-            "a SQLite file (sqlite:///path.db) or PostgreSQL (postgresql://...)",
-            2,
+def run(args: argparse.Namespace) -> int:
+    src, dst = StoreURL(args.src, "SRC_URL"), StoreURL(args.dst, "DST_URL")
+    src.check()
+    dst.check()
+    if private_store(args.dst):
+        raise UsageError(
+            f"{dst.shown} would vanish with this command, and the copy with it: copy into "
+            "a SQLite file (sqlite:///path.db) or PostgreSQL (postgresql://...)"
         )
     source, target = sqlite_file(args.src), sqlite_file(args.dst)
     if source is not None:
         problem = _unfit_source(source)
         if problem is not None:
-            return fail(f"cannot open {src_url}: {problem}")
+            raise Failed(f"cannot open {src.shown}: {problem}")
     made = target if target is not None and _make(target) else None
-    code = 1
+    copied = False
     try:
-        code = _copy_urls(args, src_url, dst_url, fail)
+        counts, elapsed, display = _copy_urls(args, src, dst)
+        copied = True
+        if display is not None:
+            display.finish()
+        summary = ", ".join(f"{n:,} {what}" for what, n in counts.items())
+        print(f"copied {src.shown} to {dst.shown} in {elapsed:.2f} s: {summary}")
+    except SIGNALS as exc:
+        copied = copied or _holds_something(dst)
+        if copied:
+            raise Interrupted(exc, f"the copy was written: {dst.shown} holds it") from None
+        raise Interrupted(exc, f"nothing was written to {dst.shown}") from None
     finally:
-        if made is not None and code != 0:
+        if made is not None and not copied:
             _remove(made)
-    return code
+    return 0
 
 
 def _copy_urls(
-    args: argparse.Namespace, src_url: str, dst_url: str, fail: Callable[[str], int]
-) -> int:
-    """Open both stores, copy, close them: :func:`main`'s exit code."""
-    from .._open import open_store
-
+    args: argparse.Namespace, src: StoreURL, dst: StoreURL
+) -> tuple[dict[str, int], float, _Display | None]:
+    """Open both stores, copy, close them: what was copied, the seconds it took and the
+    progress display; :class:`Failed` saying why, with nothing written."""
     opened: list[Any] = []
     try:
-        try:
-            # trace_max=None: the copy keeps every step the source holds; each store
-            # object that opens the copy later trims its rings to its own trace_max.
-            for url in (args.src, args.dst):
-                opened.append(open_store(url, trace_max=None))
-        except (StoreError, ValueError, TypeError, ImportError, OSError) as exc:
-            which = src_url if not opened else dst_url
-            return fail(f"cannot open {which}: {exc}")
-        src, dst = opened
+        # trace_max=None: the copy keeps every step the source holds; each store
+        # object that opens the copy later trims its rings to its own trace_max.
+        opened.append(src.open(trace_max=None))
+        opened.append(dst.open(trace_max=None))
         start = time.monotonic()
         display = None if args.quiet else _Display(sys.stderr)
         try:
-            counts = copy_store(src, dst, progress=display)
-        except KeyboardInterrupt:
-            fail(f"interrupted: nothing was written to {dst_url}")
-            return 130
+            counts = copy_store(*opened, progress=display)
         except (StoreError, ValueError, TypeError, OSError) as exc:
+            if isinstance(exc, BrokenPipeError):
+                raise
             note = "" if "nothing was written" in str(exc) else "; nothing was written"
-            return fail(f"cannot copy {src_url} to {dst_url}: {exc}{note}")
-        if display is not None:
-            display.finish()
-        elapsed = time.monotonic() - start
-        summary = ", ".join(f"{n:,} {what}" for what, n in counts.items())
-        print(f"copied {src_url} to {dst_url} in {elapsed:.2f} s: {summary}")
-        return 0
+            raise Failed(f"cannot copy {src.shown} to {dst.shown}: {exc}{note}") from None
+        return counts, time.monotonic() - start, display
     finally:
         for store in reversed(opened):
             store.close()
+
+
+def _holds_something(url: StoreURL) -> bool:
+    """Whether the store at ``url`` holds anything (a copy interrupted as it ended may
+    have been written); ``False`` when it cannot be told."""
+    try:
+        with open_store(url.url) as store:
+            return any(store.stats().values())
+    except Exception:  # noqa: BLE001 - could not look: it was empty before the copy
+        return False
 
 
 def _unfit_source(path: str) -> str | None:

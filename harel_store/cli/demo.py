@@ -1,76 +1,77 @@
-"""``python -m harel_store``: drive many orders through a small workflow on a store and
-report the throughput (see :mod:`harel_store._demo`), or say what is installed (``--info``).
+"""``python -m harel_store [demo]``: drive many orders through a small workflow on a
+store and report the throughput (see :mod:`harel_store._demo`), or say what is
+installed (``--info``).
 
 ``--store URL`` picks the store (default: ``$HAREL_STORE_URL``, else ``memory:``). On a
 durable store the run is resumable (``--resume``) and its relays may run in worker
-processes (``--workers N``). ``python -m harel_store copy SRC_URL DST_URL`` copies a
-store (:mod:`harel_store._copy`).
+processes (``--workers N``).
 
-Exits 0 when the run checked out, 1 when it did not, 2 on a usage error (a bad option,
-or a store that cannot take the run).
+Exits 0 when the run checked out, 1 when it did not (or the store could not be opened),
+2 on a usage error (a bad option or URL, or a store that cannot take the run); 130 or
+143 when SIGINT or SIGTERM stopped it, saying how far it got and how to finish. A
+``--resume`` of a run that had finished says so and exits 0, or 1 if that run failed
+its checks.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import platform
+import shlex
 import sys
-from collections.abc import Sequence
 from time import perf_counter
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
-from .._demo import DemoResult, DemoStore, run
+from .._demo import DemoResult, DemoStore
+from .._demo import run as run_local
 from .._demo.durable import DEFAULT_ORDERS, LEASE, Coordinator, Refused, run_durable
 from .._env import NO_EXTENSIONS, REQUIRE_EXTENSIONS
-from .._errors import StoreError
-from .._open import open_store, redact
 from .._store import IMPLEMENTATION
 from .._store_py import DictStore as PureDictStore
 from .._version import __version__
+from ._common import (
+    PROG,
+    SIGNALS,
+    URL_ENV,
+    Command,
+    Interrupted,
+    StoreURL,
+    UsageError,
+    count,
+    execute,
+    seconds,
+    whole_number,
+)
 
-PROG = "python -m harel_store"
-URL_ENV = "HAREL_STORE_URL"
+SUMMARY = "drive orders through a workflow on a store, check them, report the throughput"
+DESCRIPTION = (
+    "Drive N orders through an order-handling workflow (emits, timers, AND-state spawns, "
+    "joins, redeliveries, timeouts) using only the store's public API, check the "
+    "outcome, and report the throughput. On a durable store (SQLite, PostgreSQL) the run "
+    "lives in the store: stopped, it is finished by --resume, and --workers N runs its "
+    "relays in N processes."
+)
+PROGRESS_EVERY = 1.0  # seconds between two progress lines
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"must be a finite number more than 0, got {text}")
-    return value
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        description=(
-            "Drive N orders through an order-handling workflow (emits, timers, AND-state "
-            "spawns, joins, redeliveries, timeouts) using only the store's public API, "
-            "check the outcome, and report the throughput. "
-            "(python -m harel_store copy SRC_URL DST_URL copies a store: see its --help.)"
-        ),
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    memory, sqlite, postgres = (DEFAULT_ORDERS[kind] for kind in ("memory", "sqlite", "postgresql"))
     parser.add_argument(
         "-n",
         "--executions",
-        type=_positive,
+        type=count,
         default=None,
         metavar="N",
         help="orders to drive; each completed one also spawns two region children "
-        f"(default: {DEFAULT_ORDERS}; with --resume, the recorded number)",
+        f"(default: {memory:,} on a memory store, {sqlite:,} on SQLite, {postgres:,} on "
+        "PostgreSQL, so that a run takes well under a minute; with --resume, the "
+        "recorded number)",
     )
     parser.add_argument(
         "--seed",
-        type=int,
+        type=whole_number,
         default=None,
         help="random seed (default: 1; with --resume, the recorded seed)",
     )
@@ -84,12 +85,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--resume",
         action="store_true",
-        help="on a durable store, finish the run it holds (one that was killed partway), "
-        "or start one if it is empty; without it, a store holding a run is refused",
+        help="on a durable store, finish the run it holds (one that was stopped or "
+        "killed partway), or start one if it is empty; a run that had finished is "
+        "reported in one line (exit 0, or 1 if it failed its checks); without --resume, "
+        "a store holding an unfinished run is refused",
     )
     parser.add_argument(
         "--workers",
-        type=_positive,
+        type=count,
         metavar="N",
         default=None,
         help="run the relays and sweepers in N worker processes sharing the database "
@@ -97,10 +100,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--lease",
-        type=_seconds,
+        type=seconds,
         default=LEASE,
         metavar="SECONDS",
-        help="how long a relay's claim holds on a durable store; a killed run's claims "
+        help="how long a relay's claim holds on a durable store; a stopped run's claims "
         "go to the resumed run, or to the other workers, after this (default: %(default)g)",
     )
     parser.add_argument(
@@ -108,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="use the pure-Python store even if the compiled one loads (memory: only)",
     )
-    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     parser.add_argument(
         "--info",
         action="store_true",
@@ -116,7 +119,37 @@ def _parser() -> argparse.ArgumentParser:
         "version and the Cython version of the compiled store, then exit",
     )
     parser.add_argument("--version", action="version", version=f"harel-store {__version__}")
-    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m harel_store demo ARGV``: the exit code."""
+    return execute(
+        cast(Command, sys.modules[__name__]), PROG, sys.argv[1:] if argv is None else argv
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    store, implementation = _store(args.pure)
+    if args.info:
+        _info(store, implementation)
+        return 0
+    url = StoreURL.choose(args.store, "--store", "memory:")
+    url.check()
+    if url.scheme == "memory":
+        if args.workers is not None:
+            raise UsageError(
+                "--workers needs a database the worker processes share: a SQLite file "
+                "(--store sqlite:///path.db) or PostgreSQL (--store postgresql://...); "
+                f"{url.named} is the memory of one process"
+            )
+        if args.resume:
+            raise UsageError(
+                f"--resume needs a durable store: {url.named} starts empty in every process"
+            )
+        return _memory(args, store, implementation)
+    if args.pure:
+        raise UsageError(f"--pure picks the pure-Python memory store; --store is {url.named}")
+    return _durable(args, url)
 
 
 def _store(pure: bool) -> tuple[type[DemoStore], str]:
@@ -129,6 +162,16 @@ def _store(pure: bool) -> tuple[type[DemoStore], str]:
 
 def _module(store: type[Any]) -> ModuleType:
     return sys.modules[store.__module__]
+
+
+def _public_module(store: type[Any]) -> str:
+    """The module a user imports ``store`` from: ``harel_store.sqlite``, not the private
+    module of the package that defines it."""
+    parts = store.__module__.split(".")
+    for at, part in enumerate(parts[1:], 1):
+        if part.startswith("_"):
+            return ".".join(parts[:at])
+    return store.__module__
 
 
 def _info(store: type[DemoStore], implementation: str) -> None:
@@ -152,138 +195,201 @@ def _info(store: type[DemoStore], implementation: str) -> None:
 
 
 class _Progress:
-    """Prints to stderr about once a second."""
+    """What the run has done so far, for the line a signal prints; on stderr about once
+    a second unless ``quiet``."""
 
-    def __init__(self) -> None:
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
         self.start = self.last = perf_counter()
+        self.finished = self.before = 0
+        self.total: int | None = None
+
+    def begin(self, total: int, finished_before: int = 0) -> None:
+        """The run starts: ``finished_before`` of its ``total`` orders finished before
+        (a resumed run); rates count the others only."""
+        self.start = self.last = perf_counter()
+        self.total, self.finished, self.before = total, finished_before, finished_before
 
     def __call__(self, finished: int, total: int) -> None:
+        self.finished, self.total = finished, total
         now = perf_counter()
-        if now - self.last >= 1.0:
-            self.last = now
-            print(
-                f"  {finished:,}/{total:,} orders finished ({100 * finished / total:.0f}%), "
-                f"{now - self.start:.1f} s",
-                file=sys.stderr,
-                flush=True,
-            )
-
-
-def _usage_error(message: str) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    return 2
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if "copy" in argv:
-        at = argv.index("copy")
-        if all(arg == "--quiet" for arg in argv[:at]):  # the one option both commands take
-            from .copy import main as copy
-
-            return copy(argv[:at] + argv[at + 1 :])
-    parser = _parser()
-    args, rest = parser.parse_known_args(argv)
-    if rest[:1] == ["copy"]:
-        parser.error(
-            "copy takes its own options, after it: python -m harel_store copy [--quiet] "
-            "SRC_URL DST_URL"
+        if self.quiet or now - self.last < PROGRESS_EVERY:
+            return
+        self.last = now
+        elapsed = now - self.start
+        share = f" ({100 * finished / total:.0f}%)" if total else ""
+        rate = (finished - self.before) / elapsed if elapsed > 0 else 0.0
+        self._say(
+            f"  {finished:,}/{total:,} orders finished{share}, {elapsed:.1f} s, "
+            f"{rate:,.0f} orders/s"
         )
-    if rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    store, implementation = _store(args.pure)
-    if args.info:
-        _info(store, implementation)
-        return 0
-    url: str = args.store or os.environ.get(URL_ENV) or "memory:"
-    progress = None if args.quiet else _Progress()
-    if url.partition(":")[0].lower() == "memory":
-        if args.workers is not None:
-            return _usage_error(
-                "--workers needs a database the worker processes share: a SQLite file "
-                "(--store sqlite:///path.db) or PostgreSQL (--store postgresql://...); "
-                f"{redact(url)} is the memory of one process"
+
+    def waiting(self, items: int) -> None:
+        """The run waits for work that a stopped process claimed."""
+        if not self.quiet:
+            self._say(
+                f"  waiting for the leases on {items:,} items of work to run out (a process "
+                f"that stopped had claimed them), {perf_counter() - self.start:.1f} s"
             )
-        if args.resume:
-            return _usage_error(
-                f"--resume needs a durable store: {redact(url)} starts empty in every process"
-            )
-        try:
-            open_store(url).close()  # the URL's own checks
-        except ValueError as exc:
-            return _usage_error(str(exc))
-        return _memory(args, store, implementation, progress)
-    if args.pure:
-        return _usage_error(f"--pure picks the pure-Python memory store; --store is {redact(url)}")
-    return _durable(args, url, progress)
+
+    @staticmethod
+    def _say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
 
 
-def _memory(
-    args: argparse.Namespace, store: type[DemoStore], implementation: str, progress: Any
-) -> int:
-    n: int = args.executions or DEFAULT_ORDERS
+def _memory(args: argparse.Namespace, store: type[DemoStore], implementation: str) -> int:
+    n: int = args.executions or DEFAULT_ORDERS["memory"]
     seed: int = 1 if args.seed is None else args.seed
     print(f"harel-store {__version__}: {implementation} store ({_module(store).__name__})")
     print(f"driving {n:,} orders through the order workflow (seed {seed})", flush=True)
-    result = run(n, store, progress=progress, seed=seed)
-    return _report(result, f"{implementation} store")
-
-
-def _durable(args: argparse.Namespace, url: str, progress: Any) -> int:
-    where = redact(url)
+    progress = _Progress(args.quiet)
+    progress.begin(n)
+    result: DemoResult | None = None
     try:
-        store = open_store(url)
-    except (ValueError, ImportError, StoreError) as exc:
-        return _usage_error(str(exc))
-    with store:
-        if getattr(store, "path", None) == ":memory:":
-            if args.workers is not None:
-                return _usage_error(
-                    f"--workers needs a database the worker processes share: {where} is "
-                    "private to one connection; use sqlite:///path.db or postgresql://..."
-                )
-            if args.resume:
-                return _usage_error(f"--resume needs a database that outlives the process: {where}")
-        coord = Coordinator(store, where)
-        try:
-            coord.open(args.executions, args.seed, args.resume)
-        except Refused as exc:
-            return _usage_error(str(exc))
-        kind = type(store).__name__
-        print(f"harel-store {__version__}: {kind} ({type(store).__module__}) at {where}")
-        if coord.note:
-            print(coord.note)
-        n, seed = coord.n, coord.seed
-        if coord.resumed:
-            print(
-                f"resuming the run of {n:,} orders (seed {seed}) at tick {coord.tick}: "
-                f"{coord.finished():,} orders finished before; its claims are taken "
-                "over as their leases run out",
-                flush=True,
-            )
-        else:
-            print(f"driving {n:,} orders through the order workflow (seed {seed})", flush=True)
-        cleared = coord.phase == "done"
-        if cleared:
-            print("the run had finished and been checked; clearing what is left of it")
-        if args.workers is not None:
-            from .._demo.workers import run_workers
+        result = run_local(n, store, progress=progress, seed=seed)
+        return _report(result, f"{implementation} store")
+    except SIGNALS as exc:
+        if result is not None:
+            raise Interrupted(exc, "the run had finished; its report was cut short") from None
+        raise Interrupted(
+            exc,
+            f"{progress.finished:,} of {n:,} orders had finished; a memory store keeps "
+            "nothing of the run: run it again to see it through (-n N runs fewer orders)",
+        ) from None
 
-            print(f"relays and sweepers in {args.workers} worker processes", flush=True)
-            result = run_workers(url, coord, args.workers, lease=args.lease, progress=progress)
-        else:
-            result = run_durable(
-                store, where=where, coordinator=coord, lease=args.lease, progress=progress
-            )
-    if cleared:
-        return _verdict(result)
-    return _report(result, kind)
+
+def _durable(args: argparse.Namespace, url: StoreURL) -> int:
+    where = url.named
+    store = url.open()
+    progress = _Progress(args.quiet)
+    coord: Coordinator | None = None
+    result: DemoResult | None = None
+    private = getattr(store, "path", None) == ":memory:"
+    try:
+        with store:
+            if private:
+                if args.workers is not None:
+                    raise UsageError(
+                        f"--workers needs a database the worker processes share: {where} "
+                        "is private to one connection; use sqlite:///path.db or "
+                        "postgresql://..."
+                    )
+                if args.resume:
+                    raise UsageError(
+                        f"--resume needs a database that outlives the process: {where}"
+                    )
+            coord = Coordinator(store, where)
+            try:
+                coord.open(args.executions, args.seed, args.resume)
+            except Refused as exc:
+                raise UsageError(str(exc)) from None
+            if coord.phase == "done":
+                return _finished(coord.conclude_finished(), coord, where)
+            kind = type(store).__name__
+            print(f"harel-store {__version__}: {kind} ({_public_module(type(store))}) at {where}")
+            if coord.note:
+                print(coord.note)
+            n, seed = coord.n, coord.seed
+            if coord.resumed:
+                print(
+                    f"resuming the run of {n:,} orders (seed {seed}) at tick {coord.tick}: "
+                    f"{coord.finished_before:,} orders finished before; its claims are "
+                    "taken over as their leases run out",
+                    flush=True,
+                )
+            else:
+                print(f"driving {n:,} orders through the order workflow (seed {seed})", flush=True)
+            progress.begin(n, coord.finished_before)
+            if args.workers is not None:
+                from .._demo.workers import run_workers
+
+                print(f"relays and sweepers in {args.workers} worker processes", flush=True)
+                result = run_workers(
+                    url.url,
+                    coord,
+                    args.workers,
+                    lease=args.lease,
+                    progress=progress,
+                    waiting=progress.waiting,
+                )
+            else:
+                result = run_durable(
+                    store,
+                    where=where,
+                    coordinator=coord,
+                    lease=args.lease,
+                    progress=progress,
+                    waiting=progress.waiting,
+                )
+        return _report(result, kind)
+    except SIGNALS as exc:
+        if result is not None:
+            raise Interrupted(exc, "the run had finished; its report was cut short") from None
+        raise Interrupted(exc, _stopped(args, url, coord, progress, private)) from None
+
+
+def _stopped(
+    args: argparse.Namespace,
+    url: StoreURL,
+    coord: Coordinator | None,
+    progress: _Progress,
+    private: bool,
+) -> str:
+    """What a run stopped by a signal did, and how to finish it."""
+    if private:
+        return (
+            f"{url.named} keeps nothing once the process ends: run it again to see the run through"
+        )
+    if url.from_env:
+        command = f"{PROG} --resume"
+        env = f" (with {URL_ENV} as now)"
+    else:
+        command = f"{PROG} --store {shlex.quote(url.shown)} --resume"
+        env = ""
+    if args.workers is not None:
+        command += f" --workers {args.workers}"
+    if coord is None or progress.total is None:
+        return f"the run in {url.named} was starting; {command}{env} starts or finishes it"
+    return (
+        f"{progress.finished:,} of {progress.total:,} orders finished, and the run is kept "
+        f"in {url.named}; {command}{env} finishes it"
+    )
+
+
+def _finished(result: DemoResult, coord: Coordinator, where: str) -> int:
+    """A --resume of a run that had finished: one line, exit 0 (1 if it failed its checks)."""
+    context = coord.driver.context
+    done = ", ".join(
+        f"{context[key]:,} {what}"
+        for key, what in (("completed", "completed"), ("timed_out", "timed out"))
+        if key in context
+    )
+    what = f"{coord.n:,} orders (seed {coord.seed}" + (f"; {done})" if done else ")")
+    problems = result["problems"]
+    if problems:
+        print(
+            f"the run in {where} had finished: {what}, and {len(problems)} of its checks "
+            f"failed ({problems[0]}); nothing to resume (without --resume, a new run starts)",
+            file=sys.stderr,
+        )
+        return 1
+    print(
+        f"the run in {where} had finished: {what}, and passed its checks; nothing to "
+        "resume (without --resume, a new run starts)"
+    )
+    return 0
 
 
 def _report(result: DemoResult, what: str) -> int:
+    before = result.get("finished_before", 0)
+    earlier = (
+        f"; {result['notifications'] - before:,} finished in this run, {before:,} before it"
+        if result.get("resumed")
+        else ""
+    )
     print(
         f"orders:      {result['orders']:,} ({result['completed']:,} completed, "
-        f"{result['timed_out']:,} timed out)"
+        f"{result['timed_out']:,} timed out{earlier})"
     )
     print(f"executions:  {result['executions']:,} (orders, their region children, 2 services)")
     print(
@@ -292,7 +398,11 @@ def _report(result: DemoResult, what: str) -> int:
         f"{result['duplicate_spawns_skipped']:,}, timers fired {result['timers_fired']:,}"
     )
     if "resumed" in result:
-        note = " (resumed: the counts above are this run's)" if result["resumed"] else ""
+        note = (
+            " (resumed: its commits, events, timers and rates are this run's)"
+            if result["resumed"]
+            else ""
+        )
         print(
             f"run {result['runs']} of the demonstration in this store{note}; CAS conflicts "
             f"retried {result['conflicts']:,}"
@@ -300,7 +410,9 @@ def _report(result: DemoResult, what: str) -> int:
     print(f"peak live executions: {result['peak_live_executions']:,} (finished ones are forgotten)")
     print(f"store stats at the end: {result['stats']}")
     forgot = (
-        "the services, the ledger and the driver" if "resumed" in result else "the two services"
+        "the services and the ledger (the driver stays: it records the finished run)"
+        if "resumed" in result
+        else "the two services"
     )
     print(f"after forgetting {forgot}: {result['stats_after_forget']}")
     for worker in result.get("workers", []):
@@ -321,7 +433,8 @@ def _report(result: DemoResult, what: str) -> int:
             f"{worker['orders_retired']:,} orders retired, {worker['conflicts']:,} conflicts"
         )
     print(
-        f"elapsed {result['elapsed']:.3f} s: {result['executions_per_s']:,.0f} executions/s, "
+        f"elapsed {result['elapsed']:.3f} s: {result['orders_per_s']:,.0f} orders/s, "
+        f"{result['executions_per_s']:,.0f} executions/s, "
         f"{result['commits_per_s']:,.0f} commits/s ({what})"
     )
     return _verdict(result)

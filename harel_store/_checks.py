@@ -288,6 +288,24 @@ def durable_key(value: str, what: str, i: int = -1) -> None:
         )
 
 
+def durable_keys(execution_id: str, body: Body, commit_id: str | None) -> None:
+    """:func:`durable_key` for every id a commit keeps as a key: its execution id,
+    processed event id, emit targets, timer paths, child ids and commit id."""
+    durable_key(execution_id, "execution id")
+    if body.processed_event_id is not None:
+        durable_key(body.processed_event_id, "processed_event_id")
+    for i, (target, _) in enumerate(body.emits):
+        if target is not None:
+            durable_key(target, "emits[%d] target_id", i)
+    for i, op in enumerate(body.timers):
+        path: Any = op.path  # a str: commit_body(str_ids=True) checked it
+        durable_key(path, "timers[%d].path", i)
+    for i, spawn in enumerate(body.spawns):
+        durable_key(spawn[0], "spawns[%d] child_id", i)
+    if commit_id is not None:
+        durable_key(commit_id, "commit_id")
+
+
 class Body(NamedTuple):
     """A commit's input, checked and normalized: what a durable store writes, and what a
     replayed ``commit_id`` is compared with."""

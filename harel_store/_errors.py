@@ -32,7 +32,27 @@ def reason(exc: BaseException) -> str:
 
 
 class StoreError(Exception):
-    """Base class of the store's own errors (conflicts, fencing, schema problems)."""
+    """Base class of the store's own errors (conflicts, fencing, schema problems), and
+    what a durable store raises when its database fails: no exception of a driver
+    (``sqlite3``, ``psycopg``) reaches the caller; the driver's is its ``__cause__``.
+
+    On PostgreSQL the message of a database failure gives the server's SQLSTATE and
+    ends with what to do. *Retry*: the call may pass later (the store has already
+    retried once, on a new connection, the calls that cannot apply anything twice):
+    the connection was lost, the server is shutting down, crashed or is starting
+    (``57P01``, ``57P02``, ``57P03``, class ``08``), the session is read-only, as on a
+    standby after a failover (``25006``), a serialization failure or a deadlock
+    (``40001``, ``40P01``), a lock or statement timeout (``55P03``, ``57014``), too
+    many connections (``53300``). When the connection was lost during a write, the
+    message says whether it was applied is unknown: load to see, or retry a commit with
+    its ``commit_id``, which is recognised. *Fix the setup*: it will fail again until
+    the database, the role or the server is changed: a missing privilege (``42501``), a
+    missing table or schema (``42P01``, ``3F000``), a unique violation in rows the store
+    never writes twice (``23505``: its tables were changed by hand), a full disk
+    (``53100``), a refused login. On SQLite, a read-only or damaged file, a full disk
+    or a dropped table is a ``StoreError`` saying that nothing was written, and a lock
+    held past ``busy_timeout`` one that says so (retry).
+    """
 
 
 class StoreConflict(StoreError):

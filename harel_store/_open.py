@@ -8,37 +8,13 @@ scheme is opened, so ``import harel_store`` needs nothing beyond the standard li
 
 from __future__ import annotations
 
-import urllib.parse
 from typing import Any
 
+from ._redact import redact  # the one redaction, below the stores that use it
+
+__all__ = ["SCHEMES", "open_async_store", "open_store", "private_store", "redact", "sqlite_file"]
+
 SCHEMES = ("memory", "sqlite", "postgresql", "postgres")
-SECRET_PARAMETERS = frozenset({"password", "sslpassword"})  # libpq's, in a query string
-
-
-def redact(url: str) -> str:
-    """``url`` as a message may show it: the password of ``user:password@host`` and the
-    value of a ``password`` or ``sslpassword`` query parameter replaced by ``***``."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    # libpq reads the credentials up to an '@' before the first '/', so a password may
-    # hold '?' or '#': hide everything up to the last such '@'.
-    head, slash, path = rest.partition("/")
-    userinfo, _, hosts = head.rpartition("@")
-    user, colon, _ = userinfo.partition(":")
-    if colon:
-        head = f"{user}:***@{hosts}"
-    base, question, query = f"{head}{slash}{path}".partition("?")
-    if question:
-        query = "&".join(_redacted_parameter(p) for p in query.split("&"))
-    return f"{scheme}://{base}{question}{query}"
-
-
-def _redacted_parameter(parameter: str) -> str:
-    key, equals, _ = parameter.partition("=")
-    if equals and urllib.parse.unquote(key).lower() in SECRET_PARAMETERS:
-        return f"{key}=***"
-    return parameter
 
 
 def _split(url: Any) -> tuple[str, str]:

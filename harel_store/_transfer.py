@@ -190,6 +190,29 @@ def durable_rows(
             check_kind(kind)
 
 
+# The ids of each row of durable_rows that a durable store keeps as keys: (index, name).
+KEYS: dict[str, tuple[tuple[int, str], ...]] = {
+    "execution": ((0, "the id of an execution to copy"),),
+    "mark": ((0, "the execution id of a processed mark to copy"),
+             (1, "the event id of a processed mark to copy")),
+    "commit": ((0, "the execution id of a commit id to copy"), (1, "a commit id to copy")),
+    "step": ((0, "the execution id of a trace step to copy"),),
+    "trace": ((0, "the execution id of a trace ring to copy"),),
+    "timer": ((0, "the execution id of a timer to copy"), (1, "the path of a timer to copy")),
+    "outbox": ((1, "the target_id of an outbox entry to copy"),),
+    "spawn": ((1, "the parent_id of a spawn intent to copy"),
+              (2, "the child_id of a spawn intent to copy")),
+}  # fmt: skip
+
+
+def durable_row_keys(kind: str, row: tuple[Any, ...]) -> None:
+    """:func:`harel_store._checks.durable_key` for the ids of a row of
+    :func:`durable_rows` (a ``ValueError`` naming the first too long)."""
+    for index, what in KEYS.get(kind, ()):
+        if row[index] is not None:
+            _checks.durable_key(row[index], what)
+
+
 def _copied_id(value: Any, what: str) -> str:
     """An id copied into a durable store: a ``str``, as in every durable store."""
     if type(value) is not str:

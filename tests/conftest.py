@@ -91,7 +91,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 # Tests of the durable stores: the modules about them, and the contract tests on a durable
 # kind. `-m "not durable"` runs the rest (the release checks do, for every wheel: the
 # durable stores are pure Python, tested once by the main run).
-DURABLE_MODULES = {"test_sqlite", "test_durable", "test_postgres", "test_demo_durable", "test_copy"}
+DURABLE_MODULES = {
+    "test_sqlite", "test_durable", "test_postgres", "test_demo_durable", "test_copy", "test_errors",
+}  # fmt: skip
 DURABLE_KINDS = ("sqlite-", "postgres")
 
 

@@ -17,7 +17,7 @@ PACKAGE = "harel_store"
 
 # Bottom to top; a module may import its own layer's modules and those below.
 LAYERS: list[tuple[str, ...]] = [
-    ("_env", "_version", "_errors", "_records", "_digest", "_codec"),
+    ("_env", "_version", "_errors", "_redact", "_records", "_digest", "_codec"),
     ("_checks", "_protocols"),
     ("_transfer",),
     ("_store_py", "_store_c", "_store", "_aio", "sqlite", "postgres"),

@@ -83,9 +83,23 @@ while the connection was idle (a restart's "terminating connection"), gets it re
 and a new connection is made by the call that needs it. So the first call after a
 server restart reconnects; while the server is down a call tries again until
 ``timeout``, then raises :class:`~harel_store.StoreError`. Reads, acks and claims are
-retried once on a new connection when theirs fails mid-call; a commit is not (it may
-have been applied): it raises a ``StoreError`` that says so, and a retry with the same
-``commit_id`` is recognised.
+retried once on a new connection when theirs fails mid-call, or when the server refused
+them for a reason of the moment (read-only, a serialization failure, a deadlock); a
+commit is not (its arguments may be iterators it has read, and a lost connection may
+have applied it): it raises a ``StoreError`` that says so, and a retry with the same
+``commit_id`` is recognised. A connection that saw the server turn read-only (SQLSTATE
+25006, as on a primary demoted by a failover) or shut down is closed, never used again;
+after a 25006 the pool's idle connections go too, so the next call connects anew (and,
+with several hosts and ``target_session_attrs=read-write``, reaches the new primary).
+
+**Errors**: every psycopg error becomes a :class:`~harel_store.StoreError` chaining it,
+whose message gives the server's words, its SQLSTATE and what to do: *Retry* (the
+connection was lost; 57P01-57P03 shutdown; 25006 read-only; 40001, 40P01; 55P03, 57014
+timeouts; 53300 too many connections) or *Fix the setup* (42501 privileges; 42P01, 3F000
+missing table or schema; 23505 a unique violation in rows the store never writes twice;
+53100 disk full; a refused login). A conninfo libpq cannot read is a ``ValueError`` when
+the store is made, before any connection. No message shows a password: the conninfo and
+what the driver says of it go through :func:`harel_store._redact.redact`.
 
 **Copying**: ``_dump`` streams a ``REPEATABLE READ`` snapshot through server-side
 cursors, ``_restore`` writes into an empty schema in one transaction that locks its

@@ -11,7 +11,6 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import _checks, _transfer
-from .._errors import StoreError
 from .._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
 
 if TYPE_CHECKING:
@@ -22,11 +21,17 @@ from ._connections import (
     _arun_on,
     _AsyncPool,
     _cannot_open,
+    _cause,
+    _condemned,
     _connect_kwargs,
     _connect_timeout,
-    _lost,
+    _failed,
+    _may_retry,
+    _public,
+    _read_only,
     _retrieved,
     _run_on,
+    _why,
 )
 from ._core import _NO_RETRY, _RECONNECT_FIRST, _RECONNECT_MAX, _closed, _Core, _import_psycopg
 from ._schema import DEFAULT_POOL_SIZE, DEFAULT_SCHEMA
@@ -212,17 +217,14 @@ class AsyncPostgresStore(_transfer.Uncopyable):
                 if self._owed:
                     continue
                 return False
-            if not isinstance(exc, psycopg.OperationalError):
+            if not isinstance(exc, psycopg.Error):
                 raise exc
             await self._pool.drop_listener()
             if self._closed:
                 raise _closed()
             left = deadline - time.monotonic()
-            if left <= 0.0:
-                raise StoreError(
-                    f"wait_for_work: no connection to PostgreSQL ({self._core.describe()}) "
-                    f"for LISTEN: {exc}"
-                ) from exc
+            if left <= 0.0 or not _why(exc)[0]:
+                raise _failed(self._core, "wait_for_work", exc) from _cause(self._core, exc)
             await asyncio.sleep(min(pause, left))
             pause = min(pause * 2.0, _RECONNECT_MAX)
 
@@ -274,8 +276,8 @@ class AsyncPostgresStore(_transfer.Uncopyable):
                 conn = psycopg.Connection.connect(core.conninfo, **_connect_kwargs(core))
             except psycopg.Error as exc:
                 if self._opened:
-                    raise _lost(core, "_record_trace", exc, False) from exc
-                raise _cannot_open(core, exc) from exc
+                    raise _failed(core, "_record_trace", exc) from _cause(core, exc)
+                raise _cannot_open(core, exc) from _cause(core, exc)
             _adapt(conn)
             pool.recorder = conn
         if not self._opened:
@@ -288,9 +290,10 @@ class AsyncPostgresStore(_transfer.Uncopyable):
             self._opened = True
         try:
             _run_on(pool.recorder, op, query)
-        except psycopg.OperationalError as exc:
-            pool._close_recorder()
-            raise _lost(core, "_record_trace", exc, True) from exc
+        except psycopg.Error as exc:
+            if pool.recorder.closed or _condemned(exc):
+                pool._close_recorder()
+            raise _failed(core, "_record_trace", exc, True) from exc
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -302,8 +305,7 @@ class AsyncPostgresStore(_transfer.Uncopyable):
         if not self._opened:
             await self._ready()
         method = getattr(self._core, name)
-        tries = 1 if name in _NO_RETRY else 2
-        for attempt in range(tries):
+        for attempt in range(2):
             op = method(*args)
             try:
                 query = next(op)
@@ -316,10 +318,13 @@ class AsyncPostgresStore(_transfer.Uncopyable):
                 raise
             try:
                 return await _arun_on(conn, op, query)
-            except psycopg.OperationalError as exc:
+            except psycopg.Error as exc:
                 op.close()
-                if attempt + 1 == tries:
-                    raise _lost(self._core, name, exc, name in _NO_RETRY) from exc
+                if _read_only(exc):  # see PostgresStore._run
+                    await self._pool.drop_idle()
+                if attempt or not _may_retry(exc, name):
+                    shown = _public(name, args)
+                    raise _failed(self._core, shown, exc, name in _NO_RETRY) from exc
             finally:
                 await self._pool.put(conn)
         raise AssertionError("unreachable")
@@ -350,7 +355,7 @@ class AsyncPostgresStore(_transfer.Uncopyable):
         try:
             conn = await psycopg.AsyncConnection.connect(core.conninfo, **_connect_kwargs(core))
         except psycopg.Error as exc:
-            raise _cannot_open(core, exc) from exc
+            raise _cannot_open(core, exc) from _cause(core, exc)
         try:
             _adapt(conn)
             op = core.open()

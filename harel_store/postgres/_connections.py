@@ -13,7 +13,18 @@ import time
 from typing import Any
 
 from .._errors import StoreError
-from ._core import _ARRAYS, _RECONNECT_FIRST, _RECONNECT_MAX, _UNIQUE, _closed, _Core, _Op, _Query
+from .._redact import redact
+from ._core import (
+    _ARRAYS,
+    _NO_RETRY,
+    _RECONNECT_FIRST,
+    _RECONNECT_MAX,
+    _UNIQUE,
+    _closed,
+    _Core,
+    _Op,
+    _Query,
+)
 
 # --- running the core: connections ----------------------------------------------------------
 
@@ -175,15 +186,17 @@ def _has_rows(cur: Any) -> bool:
 
 
 def _run_on(conn: Any, op: _Op, query: _Query) -> Any:
-    """Run ``op`` to its end on ``conn``, starting with ``query``."""
+    """Run ``op`` to its end on ``conn``, starting with ``query``. A connection that saw
+    the server turn read-only or go away is closed (:func:`_condemned`): the pool never
+    hands it out again."""
     import psycopg
 
     try:
         while True:
             try:
                 cur = conn.execute(query.sql, query.params, prepare=query.prepare, binary=True)
-            except psycopg.errors.UniqueViolation:
-                if not query.unique:
+            except psycopg.errors.UniqueViolation as exc:
+                if not (query.unique and exc.diag.table_name == _RACED):
                     raise
                 result: Any = _UNIQUE
             except psycopg.Error:
@@ -199,6 +212,9 @@ def _run_on(conn: Any, op: _Op, query: _Query) -> Any:
     except BaseException as exc:
         op.close()  # now: what it sets back on failure (a commit's version) is set back
         _after_error(conn, exc)
+        if _condemned(exc):
+            with contextlib.suppress(Exception):
+                conn.close()
         clear = _clear(exc)
         if clear is exc:
             raise
@@ -215,8 +231,8 @@ async def _arun_on(conn: Any, op: _Op, query: _Query) -> Any:
                 cur = await conn.execute(
                     query.sql, query.params, prepare=query.prepare, binary=True
                 )
-            except psycopg.errors.UniqueViolation:
-                if not query.unique:
+            except psycopg.errors.UniqueViolation as exc:
+                if not (query.unique and exc.diag.table_name == _RACED):
                     raise
                 result: Any = _UNIQUE
             except psycopg.Error:
@@ -234,10 +250,18 @@ async def _arun_on(conn: Any, op: _Op, query: _Query) -> Any:
         if _in_transaction(conn):
             with contextlib.suppress(Exception):
                 await conn.rollback()
+        if _condemned(exc):
+            with contextlib.suppress(Exception):
+                await conn.close()
         clear = _clear(exc)
         if clear is exc:
             raise
         raise clear from exc
+
+
+# The one table whose unique violation a commit reads as a race (another try of the same
+# commit id landed first); any other is an error of the schema (see _failed).
+_RACED = "commit_ids"
 
 
 def _in_transaction(conn: Any) -> bool:
@@ -263,18 +287,211 @@ def _clear(exc: BaseException) -> BaseException:
     return exc
 
 
-def _lost(core: _Core, name: str, exc: BaseException, applied_unknown: bool) -> StoreError:
-    if applied_unknown:
-        return StoreError(
-            f"the connection to PostgreSQL ({core.describe()}) failed during {name}(); "
-            f"whether it was applied is unknown (load to see; a commit retried with its "
-            f"commit_id is recognised): {exc}"
-        )
-    return StoreError(f"the connection to PostgreSQL ({core.describe()}) failed: {exc}")
+# --- what a driver error means to the caller --------------------------------------------------
+#
+# Every psycopg error becomes a StoreError (chaining it) that says which of two kinds it is.
+# "Retry": the same call may pass later, on another connection or after the server is
+# back; the store itself retries once the calls that cannot apply anything twice. "Fix
+# the setup": it will fail again until someone changes the database, the role or the
+# server. By SQLSTATE (https://www.postgresql.org/docs/current/errcodes-appendix.html).
+
+_RETRY = {
+    "25006": "the session is read-only: a hot standby, a primary demoted by a failover, "
+    "or default_transaction_read_only; a retry on a new connection reaches the primary "
+    "once there is one (list every host, with target_session_attrs=read-write)",
+    "40001": "a serialization failure (a concurrent transaction)",
+    "40P01": "a deadlock with a concurrent transaction",
+    "55P03": "a lock was not granted in time (lock_timeout)",
+    "57014": "the statement was cancelled (statement_timeout, or a cancel request)",
+    "57P01": "the server is shutting down, or an administrator ended the session",
+    "57P02": "the server crashed and is restarting",
+    "57P03": "the server is starting up or shutting down",
+    "53000": "the server is short of a resource",
+    "53200": "the server is out of memory",
+    "53300": "the server has too many connections",
+}
+_SETUP = {
+    "42501": "the role lacks a privilege the store needs: USAGE and CREATE on its schema "
+    "(CREATE only to create or upgrade it), and SELECT, INSERT, UPDATE, DELETE on its "
+    "tables and USAGE, SELECT, UPDATE on its sequences",
+    "42P01": "a table of the store is missing (dropped, or the schema was changed by hand)",
+    "3F000": "the store's schema is missing (dropped while the store was open)",
+    "42703": "a column of the store's tables is missing (the schema was changed by hand)",
+    "42883": "a function the store calls is missing",
+    "23505": "a unique constraint refused a row the store wrote: its tables or sequences "
+    "were changed outside harel_store",
+    "23502": "a column refused a NULL the store wrote: its tables were changed by hand",
+    "53100": "the server's disk is full",
+    "54000": "a value is beyond a limit of PostgreSQL",
+    "28000": "the server refused the role (pg_hba.conf, or the role cannot log in)",
+    "28P01": "the password was refused",
+    "3D000": "the database does not exist",
+}
+_LOST = "the connection was lost"
+_CONDEMNING = frozenset(["25006", "57P01", "57P02", "57P03"])
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    return getattr(exc, "sqlstate", None)
+
+
+def _lost_connection(exc: BaseException) -> bool:
+    """Whether ``exc`` says the connection is gone or going: a psycopg error without a
+    SQLSTATE that is not the client's own refusal, a connection exception (class 08) or
+    the server ending the session (57P01-57P03)."""
+    import psycopg
+
+    code = _sqlstate(exc)
+    if code is None:
+        return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))
+    return code.startswith("08") or code in ("57P01", "57P02", "57P03")
+
+
+def _condemned(exc: BaseException) -> bool:
+    """Whether a connection that raised ``exc`` may never be used again: its server is
+    read-only (25006: a standby, or demoted) or leaving, or the connection is lost."""
+    return _sqlstate(exc) in _CONDEMNING or _lost_connection(exc)
+
+
+def _read_only(exc: BaseException) -> bool:
+    """Whether ``exc`` says the server is read-only (25006): the pool's other idle
+    connections are on it too."""
+    return _sqlstate(exc) == "25006"
+
+
+def _may_retry(exc: BaseException, name: str) -> bool:
+    """Whether the store retries the operation ``name`` once, on another connection,
+    after ``exc``: an operation that cannot apply anything twice after a lost connection,
+    and any operation the server refused for a reason of the moment (read-only, a
+    serialization failure, a deadlock) before applying anything; never a commit's, whose
+    arguments may be iterators it has read (see _NO_RETRY)."""
+    if name in _NO_RETRY:
+        return False
+    return _lost_connection(exc) or _sqlstate(exc) in ("25006", "40001", "40P01")
+
+
+# A connection refused at startup has no SQLSTATE in psycopg: libpq's text says why.
+_BUSY_AT_START = ("starting up", "shutting down", "recovery mode", "too many", "slots")
+
+
+def _why(exc: BaseException, connecting: bool = False) -> tuple[bool, str]:
+    """Whether ``exc`` (raised while ``connecting``, or by a statement) means "retry",
+    and why."""
+    code = _sqlstate(exc)
+    if code is None and (connecting or str(exc).startswith("connection failed")):
+        text = str(exc)
+        if "FATAL:" not in text:
+            return True, "the server cannot be reached (down, restarting, or a wrong host or port)"
+        if not any(busy in text for busy in _BUSY_AT_START):
+            return False, (
+                "the server refused the connection (the database, the role, its password, "
+                "or pg_hba.conf)"
+            )
+        return True, "the server is starting, shutting down or full"
+    if _lost_connection(exc):
+        return True, _RETRY.get(code or "", _LOST)
+    if code is None:
+        return False, "the driver refused the call"
+    if code in _RETRY or code.startswith("40"):
+        return True, _RETRY.get(code, "a transaction rollback")
+    return False, _SETUP.get(code, "an error of the database, not of the moment")
+
+
+# The public name of a core operation, where it differs ("ack" of the outbox: ack_outbox).
+_PUBLIC = {
+    ("ack", "outbox"): "ack_outbox", ("ack", "spawns"): "ack_spawn",
+    ("claim", "outbox"): "claim_outbox", ("claim", "spawns"): "claim_spawns",
+    ("pending", "outbox"): "pending_outbox", ("pending", "spawns"): "pending_spawns",
+    ("record_trace", None): "append_trace",
+}  # fmt: skip
+
+
+def _public(name: str, args: tuple[Any, ...]) -> str:
+    """What the caller called: the public method that runs the core's ``name``."""
+    table = args[0] if name in ("ack", "claim", "pending") else None
+    return _PUBLIC.get((name, table), name)
+
+
+def _failed(
+    core: _Core,
+    name: str,
+    exc: BaseException,
+    applied_unknown: bool = False,
+    *,
+    wrote_nothing: bool = False,
+) -> StoreError:
+    """The :class:`StoreError` the psycopg error ``exc`` of the operation ``name`` becomes
+    (the caller raises it ``from exc``): where, what the server said and its SQLSTATE,
+    and whether to retry or to fix the setup. ``applied_unknown``: the operation writes,
+    so when the connection was lost it may have been applied; ``wrote_nothing``: it is
+    known to have written nothing, and the message says so."""
+    where = f"PostgreSQL ({core.describe()})"
+    if _lost_connection(exc):
+        head = f"the connection to {where} failed during {name}()"
+        if applied_unknown:
+            head += (
+                "; whether it was applied is unknown (load to see; a commit retried with "
+                "its commit_id is recognised)"
+            )
+    elif _sqlstate(exc) is not None:
+        head = f"{where} refused {name}()"
+        if not wrote_nothing:
+            head += "; nothing of it was applied"
+    else:
+        head = f"{name}() failed on {where}"
+    if wrote_nothing:
+        head += "; nothing was written"
+    return StoreError(f"{head}: {_said(core, exc)}")
 
 
 def _cannot_open(core: _Core, exc: BaseException) -> StoreError:
-    return StoreError(f"cannot open the PostgreSQL store {core.describe()}: {exc}")
+    """:func:`_failed` for opening the store."""
+    said = _said(core, exc, connecting=True)
+    return StoreError(f"cannot open the PostgreSQL store {core.describe()}: {said}")
+
+
+def _unreachable(core: _Core, exc: BaseException) -> StoreError:
+    """:func:`_failed` for a connection the pool could not make: in time, or at all (the
+    server refused it: tried no more)."""
+    said = _said(core, exc, connecting=True)
+    if not _why(exc, True)[0]:
+        return StoreError(f"cannot connect to PostgreSQL ({core.describe()}): {said}")
+    return StoreError(
+        f"no connection to PostgreSQL ({core.describe()}) within {core.timeout:g} s: {said}"
+    )
+
+
+def _cause(core: _Core, exc: BaseException) -> BaseException | None:
+    """What a :class:`StoreError` made of ``exc`` chains: ``exc``, or when its text would
+    show a password of the conninfo (libpq quotes what it cannot use of it), a copy of
+    it that does not (``None`` when none can be made)."""
+    text = str(exc)
+    shown = redact(text, core.conninfo)
+    if shown == text:
+        return exc
+    try:
+        return type(exc)(shown)
+    except Exception:  # noqa: BLE001 - then nothing is chained
+        return None
+
+
+def _said(core: _Core, exc: BaseException, connecting: bool = False) -> str:
+    """What the driver said (never a password: :func:`harel_store._redact.redact`), its
+    SQLSTATE, and what to do: retry, or fix the setup."""
+    diag: Any = getattr(exc, "diag", None)
+    primary = diag.message_primary if diag is not None else None
+    if primary:  # the server's words, without the statement psycopg quotes after them
+        said = " ".join(part for part in (primary, diag.message_detail, diag.message_hint) if part)
+    else:
+        said = str(exc)
+    # One line (libpq's hints come on lines of their own), without a password.
+    said = " ".join(redact(said, core.conninfo).split()) or type(exc).__name__
+    code = _sqlstate(exc)
+    if code is not None:
+        said = f"{said} [SQLSTATE {code}]"
+    retry, why = _why(exc, connecting)
+    advice = f"Retry: {why}" if retry else f"Fix the setup, a retry will fail too: {why}"
+    return f"{said}{' ' if said[-1] in '.?!' else '. '}{advice}"
 
 
 class _Pool:
@@ -374,6 +591,14 @@ class _Pool:
         else:
             self._idle.append(conn)
 
+    def drop_idle(self) -> None:
+        """Close the idle connections (their server turned read-only: new ones may reach
+        the primary)."""
+        with self._freed:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            self._discard(conn)
+
     def close(self) -> None:
         """Close every connection (one in use, when it comes back); idempotent."""
         with self._freed:
@@ -400,12 +625,9 @@ class _Pool:
         while True:
             try:
                 conn = psycopg.Connection.connect(core.conninfo, **_connect_kwargs(core, deadline))
-            except psycopg.OperationalError as exc:
-                if deadline - time.monotonic() <= pause:
-                    raise StoreError(
-                        f"no connection to PostgreSQL ({core.describe()}) within "
-                        f"{core.timeout:g} s: {exc}"
-                    ) from exc
+            except psycopg.Error as exc:
+                if deadline - time.monotonic() <= pause or not _why(exc, True)[0]:
+                    raise _unreachable(core, exc) from _cause(core, exc)
                 time.sleep(pause)
                 pause = min(pause * 2.0, _RECONNECT_MAX)
             else:
@@ -503,6 +725,13 @@ class _AsyncPool:
         else:
             self._give(conn)
 
+    async def drop_idle(self) -> None:
+        """:meth:`_Pool.drop_idle`."""
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await self._close(conn)
+            self._wake()
+
     async def close(self) -> None:
         """Close every connection (one in use, when it comes back); idempotent."""
         self.closed = True
@@ -551,13 +780,9 @@ class _AsyncPool:
                 conn = await psycopg.AsyncConnection.connect(
                     core.conninfo, **_connect_kwargs(core, deadline)
                 )
-            except psycopg.OperationalError as exc:
-                left = deadline - time.monotonic()
-                if left <= pause:
-                    raise StoreError(
-                        f"no connection to PostgreSQL ({core.describe()}) within "
-                        f"{core.timeout:g} s: {exc}"
-                    ) from exc
+            except psycopg.Error as exc:
+                if deadline - time.monotonic() <= pause or not _why(exc, True)[0]:
+                    raise _unreachable(core, exc) from _cause(core, exc)
                 await asyncio.sleep(pause)
                 pause = min(pause * 2.0, _RECONNECT_MAX)
             else:

@@ -15,6 +15,7 @@ from .._codec import JSON
 from .._digest import body_digest
 from .._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError
 from .._records import OutboxEntry, SpawnEntry
+from .._redact import redact
 from ._schema import (
     _INSPECT,
     _SQL_CACHE,
@@ -31,6 +32,22 @@ _LEASE_MAX = 1e10  # seconds (three centuries): a longer lease would overflow a 
 _TEXT = b"t"[0]
 _TIMEOUT_MAX = threading.TIMEOUT_MAX  # the longest wait a lock takes
 _RECONNECT_FIRST, _RECONNECT_MAX = 0.05, 1.0  # pauses between tries to connect, in seconds
+
+
+def _unreadable(conninfo: str) -> str | None:
+    """Why libpq cannot read ``conninfo``, or ``None``: its parser's message (which quotes
+    what it refused: a password too, when its percent-encoding is bad or an unclosed '['
+    makes it quote the whole URL), shown without any password."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        conninfo_to_dict(conninfo)
+    except psycopg.Error as exc:
+        said = " ".join(redact(str(exc), conninfo).split())
+    else:
+        return None
+    return f"libpq cannot read the conninfo {redact(conninfo)!r}: {said}"
 
 
 def _closed() -> ValueError:
@@ -103,6 +120,9 @@ class _Core:
                 f"conninfo must be a str (a libpq URL or key=value string), "
                 f"got {type(conninfo).__name__}"
             )
+        problem = _unreadable(conninfo)
+        if problem is not None:  # raised here, where no driver error is in flight to chain
+            raise ValueError(problem)
         self.conninfo = conninfo
         self.trace_max = _checks.as_trace_max(trace_max)
         if codec is None:
@@ -155,7 +175,8 @@ class _Core:
         host = parts.get("host") or parts.get("hostaddr") or "localhost"
         port = f":{parts['port']}" if parts.get("port") else ""
         db = parts.get("dbname") or parts.get("user") or ""
-        return f"{host}{port}/{db} schema {self.schema!r}"
+        # A password with a '/' libpq did not read as one lands in the host or port.
+        return redact(f"{host}{port}/{db} schema {self.schema!r}", self.conninfo)
 
     # --- opening -----------------------------------------------------------------------
 
@@ -234,6 +255,7 @@ class _Core:
     def load(self, execution_id: Any) -> _Op:
         if type(execution_id) is not str:
             _checks.str_id(execution_id, "execution_id")
+        _checks.durable_key(execution_id, "execution_id")
         rows = yield _Query(self.sql.load, (execution_id,), True)
         if not rows:
             return None
@@ -260,6 +282,7 @@ class _Core:
         body = _checks.commit_body(emits, processed_event_id, timers, spawns, trace, str_ids=True)
         if commit_id is not None:
             commit_id = _checks.as_commit_id(commit_id)
+        _checks.durable_keys(eid, body, commit_id)
         if epoch is not None:
             epoch = _checks.durable_epoch(epoch)
         version = _checks.durable_exe_version(exe)
@@ -395,6 +418,8 @@ class _Core:
     def is_processed(self, execution_id: Any, event_id: Any) -> _Op:
         _checks.str_id(execution_id, "execution_id")
         _checks.str_id(event_id, "event_id")
+        _checks.durable_key(execution_id, "execution_id")
+        _checks.durable_key(event_id, "event_id")
         rows = yield _Query(self.sql.is_processed, (execution_id, event_id), True)
         return rows[0][0]
 
@@ -437,6 +462,8 @@ class _Core:
     def delete_timer(self, execution_id: Any, path: Any, fire_at: Any) -> _Op:
         _checks.str_id(execution_id, "execution_id")
         _checks.str_id(path, "path")
+        _checks.durable_key(execution_id, "execution_id")
+        _checks.durable_key(path, "path")
         fire_at = _checks.as_time(fire_at, "fire_at")
         yield _Query(self.sql.delete_timer, (execution_id, path, fire_at), True)
 
@@ -445,6 +472,7 @@ class _Core:
     def record_trace(self, execution_id: Any, entry: Any) -> _Op:
         step = _checks.trace_step(entry, "trace entry")
         _checks.str_id(execution_id, "execution_id")
+        _checks.durable_key(execution_id, "execution_id")
         keep = self.trace_max or 0
         params = {
             "id": execution_id,
@@ -463,6 +491,7 @@ class _Core:
 
     def read_trace(self, execution_id: Any) -> _Op:
         _checks.str_id(execution_id, "execution_id")
+        _checks.durable_key(execution_id, "execution_id")
         rows = yield _Query(self.sql.read_trace, (execution_id,), True)
         decode = self.codec.decode_value
         steps = []
@@ -475,6 +504,7 @@ class _Core:
 
     def forget(self, execution_id: Any) -> _Op:
         _checks.str_id(execution_id, "execution_id")
+        _checks.durable_key(execution_id, "execution_id")
         # The execution's row, then its ring's, are locked first, in the order every
         # writer locks them: a commit or an append in flight holds them until it has
         # landed, one that comes later waits for the forget; the deletes, a statement

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _checks, _transfer
 from .._digest import Digest
-from .._errors import StoreError
 from .._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
 
 if TYPE_CHECKING:
@@ -20,12 +19,17 @@ if TYPE_CHECKING:
 from ._connections import (
     _adapt,
     _cannot_open,
+    _cause,
     _clear,
     _connect_kwargs,
     _connect_timeout,
-    _lost,
+    _failed,
+    _may_retry,
     _Pool,
+    _public,
+    _read_only,
     _run_on,
+    _why,
 )
 from ._core import (
     _NO_RETRY,
@@ -81,7 +85,7 @@ class PostgresStore(_transfer.Uncopyable):
         try:
             conn = psycopg.Connection.connect(core.conninfo, **_connect_kwargs(core))
         except psycopg.Error as exc:
-            raise _cannot_open(core, exc) from exc
+            raise _cannot_open(core, exc) from _cause(core, exc)
         try:
             _adapt(conn)
             op = core.open()
@@ -276,16 +280,13 @@ class PostgresStore(_transfer.Uncopyable):
                     for _ in pool.listener.notifies(timeout=0.0):
                         pass
                 return woken
-            except psycopg.OperationalError as exc:
+            except psycopg.Error as exc:
                 pool.drop_listener()
                 if pool.closed:
                     raise _closed() from None
                 left = deadline - time.monotonic()
-                if left <= 0.0:
-                    raise StoreError(
-                        f"wait_for_work: no connection to PostgreSQL ({self._core.describe()}) "
-                        f"for LISTEN: {exc}"
-                    ) from exc
+                if left <= 0.0 or not _why(exc)[0]:
+                    raise _failed(self._core, "wait_for_work", exc) from _cause(self._core, exc)
                 time.sleep(min(pause, left))
                 pause = min(pause * 2.0, _RECONNECT_MAX)
 
@@ -307,6 +308,8 @@ class PostgresStore(_transfer.Uncopyable):
         of the pool is taken until the iterator is exhausted or closed. Commit bodies
         come as :class:`~harel_store.Digest` objects of the codec's canonical
         encoding."""
+        import psycopg
+
         pool = self._open_pool()
         core = self._core
         dump = core.sql.dump
@@ -355,6 +358,8 @@ class PostgresStore(_transfer.Uncopyable):
                     )
                     yield ("spawn", entry)
                 yield ("seqs", *conn.execute(dump["seqs"]).fetchone())
+        except psycopg.Error as exc:
+            raise _failed(core, "copy_store", exc) from exc
         finally:
             pool.put(conn)
 
@@ -370,6 +375,7 @@ class PostgresStore(_transfer.Uncopyable):
 
         pool = self._open_pool()
         restore = self._core.sql.restore
+        committing = False  # the writes are done: a lost connection leaves it unknown
         conn = pool.get()
         try:
             with conn.transaction():
@@ -384,11 +390,15 @@ class PostgresStore(_transfer.Uncopyable):
                         f"the records to copy hold the same thing twice ({exc.diag.message_detail}); "
                         "nothing was written"
                     ) from None
+                committing = True
         except psycopg.Error as exc:
             clear = _clear(exc)
-            if clear is exc:
-                raise
-            raise clear from exc
+            if clear is not exc:
+                raise clear from exc
+            raise _failed(
+                self._core, "copy_store", exc, applied_unknown=committing,
+                wrote_nothing=not committing,
+            ) from exc  # fmt: skip
         finally:
             pool.put(conn)
 
@@ -419,6 +429,7 @@ class PostgresStore(_transfer.Uncopyable):
             canonical=core.canonical, digest=core._digest, keep=core.trace_max,
         )  # fmt: skip
         for kind, row in rows:
+            _transfer.durable_row_keys(kind, row)
             if kind == "seqs":
                 seqs = row
             elif kind == "trace":
@@ -440,8 +451,7 @@ class PostgresStore(_transfer.Uncopyable):
 
         self._open_pool()
         method = getattr(self._core, name)
-        tries = 1 if name in _NO_RETRY else 2
-        for attempt in range(tries):
+        for attempt in range(2):
             op = method(*args)
             try:
                 query = next(op)
@@ -455,10 +465,13 @@ class PostgresStore(_transfer.Uncopyable):
                 raise
             try:
                 return _run_on(conn, op, query)
-            except psycopg.OperationalError as exc:
+            except psycopg.Error as exc:
                 op.close()
-                if attempt + 1 == tries:
-                    raise _lost(self._core, name, exc, name in _NO_RETRY) from exc
+                if _read_only(exc):  # so are the others of the pool: none is used again
+                    pool.drop_idle()
+                if attempt or not _may_retry(exc, name):
+                    shown = _public(name, args)
+                    raise _failed(self._core, shown, exc, name in _NO_RETRY) from exc
             finally:
                 pool.put(conn)
         raise AssertionError("unreachable")

@@ -570,7 +570,7 @@ def abandoned_run(path: Path, n: int, lease: float) -> int:
 def test_progress_says_when_the_run_waits_for_leases(
     workers: tuple[str, ...], tmp_path: Path
 ) -> None:
-    claimed = abandoned_run(tmp_path / "orders.db", 30, lease=3.0)
+    claimed = abandoned_run(tmp_path / "orders.db", 30, lease=6.0)
     assert claimed == 31
     proc = run_demo("--store", "sqlite:///orders.db", "--resume", *workers, cwd=tmp_path)
     assert_ok(proc)

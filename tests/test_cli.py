@@ -314,6 +314,31 @@ def test_a_bare_path_gets_its_sqlite_url(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    "conninfo",
+    ["host=db password=s3cret", "dbname=app password='s3 cret'", " user = me password=s3cret"],
+)
+def test_a_key_value_conninfo_is_refused_without_repeating_it(
+    conninfo: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harel_store.cli import main
+
+    monkeypatch.delenv(URL_ENV, raising=False)
+    expected = (
+        "is a libpq key=value conninfo, not a store URL: give the server as "
+        "postgresql://user@host:port/dbname"
+    )
+    assert main(["--store", conninfo, "-n", "5"]) == 2
+    assert one_error(capsys.readouterr().err) == f"--store {expected}"
+    assert main(["copy", conninfo, "sqlite:///never.db"]) == 2
+    assert one_error(capsys.readouterr().err, f"{PROG} copy") == f"SRC_URL {expected}"
+    monkeypatch.setenv(URL_ENV, conninfo)
+    assert main(["-n", "5"]) == 2
+    err = capsys.readouterr().err
+    assert one_error(err) == f"{URL_ENV} (from the environment) {expected}"
+    assert "s3" not in err
+
+
 def test_a_url_from_the_environment_is_named_as_such(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -44,6 +44,7 @@ from .._open import open_store, private_store, redact, sqlite_file
 
 PROG = "python -m harel_store"
 URL_ENV = "HAREL_STORE_URL"
+_KEYWORDS = re.compile(r"\s*[A-Za-z_][A-Za-z0-9_]*\s*=")  # a libpq conninfo: host=db ...
 
 T = TypeVar("T")
 
@@ -322,12 +323,19 @@ class StoreURL:
 
     def check(self) -> None:
         """Raise :class:`UsageError` for a URL that no store could be opened at, saying
-        why: not a URL (a bare path gets the ``sqlite:///`` URL of that file), a form
-        ``open_store`` refuses, or a SQLite file in a directory that does not exist.
-        Opens nothing."""
+        why: not a URL (a bare path gets the ``sqlite:///`` URL of that file; a libpq
+        key=value conninfo is not repeated), a form ``open_store`` refuses, or a SQLite
+        file in a directory that does not exist. Opens nothing."""
         url = self.url
+        if ":" not in url and _KEYWORDS.match(url):
+            # Not repeated: the password it may hold would be shown.
+            where = f"{URL_ENV} (from the environment)" if self.from_env else self.given
+            raise UsageError(
+                f"{where or 'the store'} is a libpq key=value conninfo, not a store URL: "
+                "give the server as postgresql://user@host:port/dbname"
+            )
         if ":" not in url:
-            bare = os.path.expanduser(url)
+            bare = redact(os.path.expanduser(url))
             raise UsageError(
                 f"{self._source()} is a path, not a store URL: for the SQLite file {bare}, "
                 f"use {self._setting('sqlite:///' + bare)}"

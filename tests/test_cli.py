@@ -562,7 +562,8 @@ def test_a_signal_stops_a_copy_with_nothing_written(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """The signal is real (sent to this process while the copy reads its source)."""
+    """The signal is real (sent to this process while the copy reads its source); it
+    stops the copy as the progress call returns, not inside a driver's call."""
     import harel_store
     from harel_store import _copy
     from harel_store.cli import copy as copy_cli
@@ -579,8 +580,7 @@ def test_a_signal_stops_a_copy_with_nothing_written(
     def signalled(self: Any, done: int, total: int | None) -> None:
         calls.append(done)
         if done >= 20:
-            os.kill(os.getpid(), signum)
-            time.sleep(5)  # the handler raises first
+            os.kill(os.getpid(), signum)  # kept until this call returns, then raised
 
     monkeypatch.setattr(copy_cli._Display, "__call__", signalled)
     before = signal.getsignal(signum)
@@ -592,6 +592,28 @@ def test_a_signal_stops_a_copy_with_nothing_written(
     )
     assert calls[-1] == 20
     assert not (tmp_path / "dst.db").exists()  # made for the copy, and removed
+
+
+def test_a_signal_waits_for_the_store_call_it_comes_in() -> None:
+    """Raised inside a driver's call, a signal could leave a connection or a transaction
+    half done: it is raised when the call returns."""
+    from harel_store.cli._common import Sheltered, Terminated, signals_handled
+
+    class Store:
+        done = False
+
+        def commit(self) -> int:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)  # the signal has come: it waits
+            self.done = True
+            return 1
+
+    store = Store()
+    before = signal.getsignal(signal.SIGTERM)
+    with signals_handled(), pytest.raises(Terminated):
+        Sheltered(store).commit()
+    assert store.done
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 # -- a closed pipe ----------------------------------------------------------------------

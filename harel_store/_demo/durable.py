@@ -99,6 +99,10 @@ DEFAULT_ORDERS = {"memory": 20_000, "sqlite": 2_000, "postgresql": 500}
 SERVICES = (INVENTORY, PAYMENT)
 
 
+def _never() -> bool:
+    return False
+
+
 def default_orders(store: Any) -> int:
     """How many orders a run on ``store`` drives unless told: see :data:`DEFAULT_ORDERS`."""
     module = type(store).__module__
@@ -205,10 +209,20 @@ class Relay(_Writer):
     claims; it also retires finished orders into the ledger. :meth:`round` does one
     round of each and says how much it did."""
 
-    def __init__(self, store: Any, *, lease: float = LEASE, limit: int = CLAIM) -> None:
+    def __init__(
+        self,
+        store: Any,
+        *,
+        lease: float = LEASE,
+        limit: int = CLAIM,
+        stopped: Callable[[], bool] | None = None,
+    ) -> None:
         super().__init__(store)
         self.lease = lease
         self.limit = limit
+        # Asked between two deliveries: True ends the round there (what it claimed and
+        # did not handle goes to others as the leases run out).
+        self.stopped = stopped or _never
         driver = store.load(DRIVER)
         if driver is None:
             raise Refused("no run of the demonstration in this store")
@@ -242,13 +256,20 @@ class Relay(_Writer):
         self.phase = driver.context["phase"]
         self.now = now = driver.context["now"]
         timers = store.claim_due_timers(now, self.limit, lease=self.lease)
+        stopped = self.stopped
         for execution_id, path, fire_at in timers:
+            if stopped():
+                return done
             event = (f"timeout:{path}@{fire_at}", "timeout", None, path)
             self.timers_fired += self.deliver(execution_id, event)
             store.delete_timer(execution_id, path, fire_at)
         for entry in spawns:
+            if stopped():
+                return done
             self._spawn(entry)
         for entry in outbox:
+            if stopped():
+                return done
             self._relay(entry)
         return done + len(timers) + len(spawns) + len(outbox)
 

@@ -34,8 +34,19 @@ HALT_TIMEOUT = 10.0  # seconds the workers are given to stop on SIGTERM when the
 STALL = 1.0  # seconds the work left stays as it is before the run says it waits for leases
 
 
-class _Stopped(BaseException):
-    """SIGTERM in a worker: the coordinator stops it (the run was cut short)."""
+class _Stop:
+    """SIGTERM in a worker (the coordinator's, when the run is cut short): noted, and
+    seen between two deliveries, so that no store call is cut in two."""
+
+    asked = False
+
+    @classmethod
+    def ask(cls, signum: int, frame: Any) -> None:
+        cls.asked = True
+
+    @classmethod
+    def seen(cls) -> bool:
+        return cls.asked
 
 
 def run_workers(
@@ -203,31 +214,26 @@ def _failed(
     return report, {}
 
 
-def _stop(signum: int, frame: Any) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the worker is on its way out
-    raise _Stopped
-
-
 def work(url: str, worker: int, lease: float, results: Any, parent: int) -> None:
-    """A worker process: relay until the run is over or the coordinator is gone; stop
-    quietly on SIGTERM (the coordinator's, when the run is cut short). SIGINT is the
-    coordinator's to handle."""
+    """A worker process: relay until the run is over or the coordinator is gone, or
+    until SIGTERM (the coordinator's, when the run is cut short: what the worker claimed
+    goes to the resumed run as the leases run out). SIGINT is the coordinator's to
+    handle."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _stop)
-    try:
-        report = _relay(url, worker, lease, parent)
-        with results, contextlib.suppress(OSError):  # a coordinator killed hears nothing
-            results.send(report)
-    except _Stopped:
-        pass  # what it claimed goes to the resumed run as the leases run out
+    signal.signal(signal.SIGTERM, _Stop.ask)
+    report = _relay(url, worker, lease, parent)
+    if _Stop.asked:
+        return
+    with results, contextlib.suppress(OSError):  # a coordinator killed hears nothing
+        results.send(report)
 
 
 def _relay(url: str, worker: int, lease: float, parent: int) -> tuple[WorkerReport, dict[str, int]]:
     try:
         with open_store(url) as store:
-            relay = Relay(store, lease=lease)
+            relay = Relay(store, lease=lease, stopped=_Stop.seen)
             start = perf_counter()
-            while True:
+            while not _Stop.asked:
                 did = relay.round()
                 if relay.phase != "running":
                     break
@@ -237,7 +243,5 @@ def _relay(url: str, worker: int, lease: float, parent: int) -> tuple[WorkerRepo
                     store.wait_for_work(IDLE_WAIT)
             elapsed = perf_counter() - start
             return relay.report(worker, elapsed), relay.counts()
-    except _Stopped:
-        raise
     except BaseException:  # noqa: BLE001 - the coordinator reports it
         return _failed(worker, os.getpid(), traceback.format_exc(limit=5))

@@ -121,16 +121,72 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
+class _Signals:
+    """What the handler knows: how deep in :func:`deferred` code the main thread is, and
+    the signal that came meanwhile."""
+
+    deferred = 0
+    pending: int | None = None
+
+
+def _signalled(signum: int) -> BaseException:
+    return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     # The first signal stops the command, which cleans up and says what it did; a second
-    # one, while it does, ends the process as the signal does by default.
+    # one, while it does (or while a deferred call goes on), ends the process as the
+    # signal does by default.
     for number in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(ValueError, OSError):
             if signal.getsignal(number) is _on_signal:
                 signal.signal(number, signal.SIG_DFL)
-    if signum == signal.SIGTERM:
-        raise Terminated
-    raise KeyboardInterrupt
+    if _Signals.deferred:
+        _Signals.pending = signum
+        return
+    raise _signalled(signum)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """A signal that comes while this lasts is kept for :func:`poll`, not raised inside
+    the code it would cut in two (a database driver's call, a transaction)."""
+    _Signals.deferred += 1
+    try:
+        yield
+    finally:
+        _Signals.deferred -= 1
+
+
+def poll() -> None:
+    """Raise the signal :func:`deferred` kept, if one came."""
+    signum = _Signals.pending
+    if signum is not None:
+        _Signals.pending = None
+        raise _signalled(signum)
+
+
+class Sheltered:
+    """``store``, each of whose calls a signal waits for: SIGINT or SIGTERM during a
+    call is raised when it returns, between two calls, where the command's own code
+    handles it (closing the store, saying what was done)."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._store, name)
+        if not callable(value):
+            return value
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with deferred():
+                result = value(*args, **kwargs)
+            poll()
+            return result
+
+        setattr(self, name, call)  # found here from now on
+        return call
 
 
 @contextlib.contextmanager
@@ -141,6 +197,7 @@ def signals_handled() -> Iterator[None]:
         yield
         return
     previous: dict[int, Any] = {}
+    _Signals.deferred, _Signals.pending = 0, None
     for number in (signal.SIGINT, signal.SIGTERM):
         handler = signal.getsignal(number)
         if handler is not signal.SIG_IGN:
@@ -356,10 +413,17 @@ class StoreURL:
 
     def open(self, **options: Any) -> Any:
         """The store at this URL (after :meth:`check`); :class:`Failed` when it cannot be
-        opened, saying why."""
+        opened, saying why. A signal waits for the opening to end (then the store is
+        closed again, and the signal raised)."""
         self.check()
         try:
-            return open_store(self.url, **options)
+            with deferred():
+                store = open_store(self.url, **options)
+            if _Signals.pending is not None:
+                with deferred():
+                    store.close()
+                poll()
+            return store
         except (ValueError, TypeError) as exc:
             raise UsageError(f"cannot open {self.named}: {exc}") from None
         except ImportError as exc:

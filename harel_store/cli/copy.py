@@ -22,7 +22,9 @@ from ._common import (
     Interrupted,
     StoreURL,
     UsageError,
+    deferred,
     execute,
+    poll,
 )
 
 PROG = f"{COMMAND_LINE} copy"
@@ -119,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         counts, elapsed, display = _copy_urls(args, src, dst)
         copied = True
+        poll()  # a signal that came as the copy was written, or as the stores closed
         if display is not None:
             display.finish()
         summary = ", ".join(f"{n:,} {what}" for what, n in counts.items())
@@ -147,8 +150,17 @@ def _copy_urls(
         opened.append(dst.open(trace_max=None))
         start = time.monotonic()
         display = None if args.quiet else _Display(sys.stderr)
+
+        def progress(done: int, total: int | None) -> None:
+            if display is not None:
+                display(done, total)
+            poll()  # a signal that came while the copy read stops it here, nothing written
+
         try:
-            counts = copy_store(*opened, progress=display)
+            # A signal waits for the progress call: one in a driver's call could leave a
+            # connection or a transaction half done.
+            with deferred():
+                counts = copy_store(*opened, progress=progress)
         except (StoreError, ValueError, TypeError, OSError) as exc:
             if isinstance(exc, BrokenPipeError):
                 raise
@@ -156,8 +168,9 @@ def _copy_urls(
             raise Failed(f"cannot copy {src.shown} to {dst.shown}: {exc}{note}") from None
         return counts, time.monotonic() - start, display
     finally:
-        for store in reversed(opened):
-            store.close()
+        with deferred():
+            for store in reversed(opened):
+                store.close()
 
 
 def _holds_something(url: StoreURL) -> bool:

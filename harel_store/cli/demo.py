@@ -26,7 +26,14 @@ from typing import Any, cast
 
 from .._demo import DemoResult, DemoStore
 from .._demo import run as run_local
-from .._demo.durable import DEFAULT_ORDERS, LEASE, Coordinator, Refused, run_durable
+from .._demo.durable import (
+    DEFAULT_ORDERS,
+    LEASE,
+    Coordinator,
+    Refused,
+    default_orders,
+    run_durable,
+)
 from .._env import NO_EXTENSIONS, REQUIRE_EXTENSIONS
 from .._store import IMPLEMENTATION
 from .._store_py import DictStore as PureDictStore
@@ -37,10 +44,13 @@ from ._common import (
     URL_ENV,
     Command,
     Interrupted,
+    Sheltered,
     StoreURL,
     UsageError,
     count,
+    deferred,
     execute,
+    poll,
     seconds,
     whole_number,
 )
@@ -265,8 +275,9 @@ def _durable(args: argparse.Namespace, url: StoreURL) -> int:
     coord: Coordinator | None = None
     result: DemoResult | None = None
     private = getattr(store, "path", None) == ":memory:"
+    sheltered = Sheltered(store)  # a signal waits for the store call it comes in to end
     try:
-        with store:
+        try:
             if private:
                 if args.workers is not None:
                     raise UsageError(
@@ -278,9 +289,9 @@ def _durable(args: argparse.Namespace, url: StoreURL) -> int:
                     raise UsageError(
                         f"--resume needs a database that outlives the process: {where}"
                     )
-            coord = Coordinator(store, where)
+            coord = Coordinator(sheltered, where)
             try:
-                coord.open(args.executions, args.seed, args.resume)
+                coord.open(args.executions, args.seed, args.resume, default_n=default_orders(store))
             except Refused as exc:
                 raise UsageError(str(exc)) from None
             if coord.phase == "done":
@@ -314,13 +325,17 @@ def _durable(args: argparse.Namespace, url: StoreURL) -> int:
                 )
             else:
                 result = run_durable(
-                    store,
+                    sheltered,
                     where=where,
                     coordinator=coord,
                     lease=args.lease,
                     progress=progress,
                     waiting=progress.waiting,
                 )
+        finally:
+            with deferred():
+                store.close()
+        poll()
         return _report(result, kind)
     except SIGNALS as exc:
         if result is not None:

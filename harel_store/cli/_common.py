@@ -16,7 +16,9 @@ A command is a module of :mod:`harel_store.cli` with
   directory is missing, a store that cannot take the command);
 - ``130`` on SIGINT (Ctrl-C) and ``143`` on SIGTERM: one line says what was done and
   how to finish (a command that has something to say catches :data:`SIGNALS` and raises
-  :class:`Interrupted`); a second signal while it finishes up ends the process at once;
+  :class:`Interrupted`); a second signal while it finishes up ends the process at once.
+  A signal never lands inside a store's call: :class:`Sheltered` stores, and code
+  under :func:`deferred`, take it when the call returns (:func:`poll`);
 - ``141`` when its output is a pipe that was closed (``| head -1``), without a word.
 
 Errors are one line on stderr, ``PROG: error: message``, with no traceback.

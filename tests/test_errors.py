@@ -762,15 +762,12 @@ def test_no_error_shows_a_password(pg: Any, conninfo: str) -> None:
 # The command line's own check of SRC_URL (harel_store/cli/_common.py, StoreURL.check)
 # takes a key=value conninfo, which has no ':', for a SQLite path and repeats it whole
 # in its hint; the command line is not this module's to change.
-ECHOED_BY_THE_COMMAND_LINE = pytest.mark.xfail(
-    strict=True, reason="cli/_common.py repeats a SRC_URL without ':' whole in its hint"
-)
 
 
 @pytest.mark.parametrize(
     "conninfo",
     [
-        pytest.param(form, id=name, marks=[ECHOED_BY_THE_COMMAND_LINE] if ":" not in form else [])
+        pytest.param(form, id=name)
         for name, form in FORMS.items()
     ],
 )

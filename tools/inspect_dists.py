@@ -49,14 +49,27 @@ PACKAGE_FILES = {
     "_demo/result.py",
     "_demo/workers.py",
     "_demo/workflow.py",
+    "_digest.py",
     "_env.py",
     "_errors.py",
     "_open.py",
     "_protocols.py",
     "_records.py",
+    "_redact.py",
     "_store.py",
     "_store_py.py",
-    "postgres.py",
+    "_transfer.py",
+    "_version.py",
+    "cli/__init__.py",
+    "cli/_common.py",
+    "cli/copy.py",
+    "cli/demo.py",
+    "postgres/__init__.py",
+    "postgres/_aio.py",
+    "postgres/_connections.py",
+    "postgres/_core.py",
+    "postgres/_schema.py",
+    "postgres/_store.py",
     "py.typed",
     "sqlite/__init__.py",
     "sqlite/_aio.py",
@@ -64,6 +77,9 @@ PACKAGE_FILES = {
     "sqlite/_copying.py",
     "sqlite/_schema.py",
     "sqlite/_store.py",
+    "statemachine/__init__.py",
+    "statemachine/_chart.py",
+    "statemachine/_core.py",
 }
 GENERATED = (".c", ".so", ".pyd", ".html", ".pyc", ".o")
 BUILD_SOURCES = (".pyx", ".pxd", ".pxi", ".c", ".h", ".cpp", ".html")
@@ -168,7 +184,7 @@ def check_sdist(path: Path, source: Path | None) -> None:
                     if file.is_file() and not generated and rel not in files:
                         problem(f"{path.name}: {rel} is in the source tree, not in the sdist")
         if "PKG-INFO" in files and "harel_store/__init__.py" in files:
-            version = version_of(read("harel_store/__init__.py"))
+            version = version_of(read("harel_store/_version.py"))
             if version != match.group(1):
                 problem(f"{path.name}: file name version {match.group(1)}, package {version}")
             check_metadata(read("PKG-INFO"), version, f"{path.name} PKG-INFO")
@@ -187,7 +203,7 @@ def check_wheel(path: Path, kind: str) -> None:
         info = f"harel_store-{version}.dist-info"
         wheel_meta = whl.read(f"{info}/WHEEL").decode()
         check_metadata(whl.read(f"{info}/METADATA").decode(), version, f"{path.name} METADATA")
-        package_version = version_of(whl.read("harel_store/__init__.py").decode())
+        package_version = version_of(whl.read("harel_store/_version.py").decode())
         if package_version != version:
             problem(f"{path.name}: file name version {version}, package {package_version}")
     for name in names:

@@ -766,10 +766,7 @@ def test_no_error_shows_a_password(pg: Any, conninfo: str) -> None:
 
 @pytest.mark.parametrize(
     "conninfo",
-    [
-        pytest.param(form, id=name)
-        for name, form in FORMS.items()
-    ],
+    [pytest.param(form, id=name) for name, form in FORMS.items()],
 )
 def test_the_copy_command_shows_no_password(pg: Any, conninfo: str, tmp_path: Path) -> None:
     done = run_cli("copy", conninfo, f"sqlite:///{tmp_path}/never.db")

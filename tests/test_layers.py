@@ -79,9 +79,19 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
+def extensions() -> set[str]:
+    """Compiled modules, which an installed wheel holds without their ``.pyx``."""
+    found = set()
+    for path in ROOT.rglob("*"):
+        if path.suffix in (".so", ".pyd"):
+            stem = path.name.split(".", 1)[0]
+            found.add(module_name(path.with_name(stem + ".py")))
+    return found
+
+
 def graph() -> dict[str, set[str]]:
     files = sources()
-    known = set(files)
+    known = set(files) | extensions()
     return {name: imports(name, path, known) for name, path in files.items()}
 
 

@@ -406,8 +406,9 @@ def test_a_store_that_cannot_be_opened_is_a_failed_operation(
     from harel_store.cli import main
 
     foreign = tmp_path / "foreign.db"
-    with sqlite3.connect(foreign) as conn:
-        conn.execute("CREATE TABLE mine (x)")
+    conn = sqlite3.connect(foreign)
+    conn.execute("CREATE TABLE mine (x)")
+    conn.close()
     assert main(["--store", f"sqlite:///{foreign}", "-n", "5"]) == 1
     message = one_error(capsys.readouterr().err)
     assert message.startswith(f"cannot open sqlite:///{foreign}: ")

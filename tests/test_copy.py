@@ -757,8 +757,9 @@ def test_the_command_line_fails_clearly(tmp_path: Path, capsys: pytest.CaptureFi
     assert copy_cli.main(["memory:x", good]) == 2
     assert "a memory store takes no path" in capsys.readouterr().err
     foreign = tmp_path / "foreign.db"
-    with sqlite3.connect(foreign) as conn:
-        conn.execute("CREATE TABLE mine (x)")
+    conn = sqlite3.connect(foreign)
+    conn.execute("CREATE TABLE mine (x)")
+    conn.close()
     assert copy_cli.main([good, f"sqlite:///{foreign}"]) == 1
     assert "is not a harel_store database" in capsys.readouterr().err
     assert copy_cli.main([good]) == 2  # usage: argparse says what is missing

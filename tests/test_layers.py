@@ -72,9 +72,9 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
         else:
             continue
         for target in targets:
-            while target and target not in known:
-                target = target.rpartition(".")[0]
-            if target and target != name:
+            # A module of ours that is not here is the compiled store of a pure install:
+            # no edge. Anything else outside the package is not ours.
+            if target in known and target != name:
                 found.add(target)
     return found
 

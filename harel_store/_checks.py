@@ -9,7 +9,7 @@ Each function either returns the value in the form the store writes, or raises a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from copy import deepcopy
 from math import isnan
 from numbers import Real
@@ -288,22 +288,31 @@ def durable_key(value: str, what: str, i: int = -1) -> None:
         )
 
 
-def durable_keys(execution_id: str, body: Body, commit_id: str | None) -> None:
-    """:func:`durable_key` for every id a commit keeps as a key: its execution id,
-    processed event id, emit targets, timer paths, child ids and commit id."""
-    durable_key(execution_id, "execution id")
+def commit_keys(
+    execution_id: str, body: Body, commit_id: str | None
+) -> Iterator[tuple[str, str, int]]:
+    """Every id a commit keeps as a key, as ``(id, what, i)`` (``what % i`` names it when
+    ``i >= 0``): its execution id, processed event id, emit targets, timer paths, child
+    ids and commit id."""
+    yield execution_id, "execution id", -1
     if body.processed_event_id is not None:
-        durable_key(body.processed_event_id, "processed_event_id")
+        yield body.processed_event_id, "processed_event_id", -1
     for i, (target, _) in enumerate(body.emits):
         if target is not None:
-            durable_key(target, "emits[%d] target_id", i)
+            yield target, "emits[%d] target_id", i
     for i, op in enumerate(body.timers):
         path: Any = op.path  # a str: commit_body(str_ids=True) checked it
-        durable_key(path, "timers[%d].path", i)
+        yield path, "timers[%d].path", i
     for i, spawn in enumerate(body.spawns):
-        durable_key(spawn[0], "spawns[%d] child_id", i)
+        yield spawn[0], "spawns[%d] child_id", i
     if commit_id is not None:
-        durable_key(commit_id, "commit_id")
+        yield commit_id, "commit_id", -1
+
+
+def durable_keys(execution_id: str, body: Body, commit_id: str | None) -> None:
+    """:func:`durable_key` for every id of :func:`commit_keys`."""
+    for value, what, i in commit_keys(execution_id, body, commit_id):
+        durable_key(value, what, i)
 
 
 class Body(NamedTuple):

@@ -6,7 +6,11 @@ import asyncio
 import copy
 import inspect
 import math
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Hashable, Iterable
+from pathlib import Path
 from typing import Any
 
 # Every method of the store API, in the order of API.md, then the extras.
@@ -127,3 +131,51 @@ def assert_holds(store: Any, exe: Any) -> Any:
         assert loaded is not exe and type(loaded) is type(exe)
         assert loaded == exe and loaded.version == exe.version
     return loaded
+
+
+URL_ENV = "HAREL_STORE_URL"
+
+
+def module_env(**extra: str) -> dict[str, str]:
+    """This environment, with the ``harel_store`` the tests import first on the path,
+    and no ``HAREL_STORE_URL`` unless given."""
+    import harel_store
+
+    env = dict(os.environ)
+    env.pop(URL_ENV, None)
+    root = str(Path(harel_store.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env.update(extra)
+    return env
+
+
+def cli_command(*args: str) -> list[str]:
+    """``python -m harel_store ARGS`` in this interpreter, warnings as errors."""
+    return [sys.executable, "-W", "error", "-m", "harel_store", *args]
+
+
+def run_cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run :func:`cli_command` to its end in ``cwd`` (with ``env`` added), capturing."""
+    return subprocess.run(
+        cli_command(*args),
+        cwd=cwd,
+        env=module_env(**env),
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=300,
+    )
+
+
+def worker_pids(parent: int) -> list[int]:
+    """The spawned worker processes of ``parent`` (not multiprocessing's helpers)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rpartition(")")[2].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and b"spawn_main" in cmdline:
+            pids.append(int(stat.parent.name))
+    return sorted(pids)

@@ -25,40 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _helpers import URL_ENV, module_env, run_cli, worker_pids
+from _helpers import cli_command as command
 
-URL_ENV = "HAREL_STORE_URL"
 PROG = "python -m harel_store"
 PROGRESS = re.compile(r"^  ([\d,]+)/([\d,]+) orders finished")
 TRACEBACK = "Traceback"
-
-
-def module_env(**extra: str) -> dict[str, str]:
-    """This environment, with the ``harel_store`` the tests import first on the path,
-    and no ``HAREL_STORE_URL`` unless given."""
-    import harel_store
-
-    env = dict(os.environ)
-    env.pop(URL_ENV, None)
-    root = str(Path(harel_store.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    env.update(extra)
-    return env
-
-
-def command(*args: str) -> list[str]:
-    return [sys.executable, "-W", "error", "-m", "harel_store", *args]
-
-
-def run_cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        command(*args),
-        cwd=cwd,
-        env=module_env(**env),
-        capture_output=True,
-        check=False,
-        text=True,
-        timeout=300,
-    )
 
 
 def one_error(err: str, prog: str = PROG) -> str:
@@ -164,20 +136,6 @@ def running() -> Iterator[list[Running]]:
     yield started
     for one in started:
         one.kill()
-
-
-def worker_pids(parent: int) -> list[int]:
-    """The spawned worker processes of ``parent``."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rpartition(")")[2].split()[1])
-            cmdline = (stat.parent / "cmdline").read_bytes()
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == parent and b"spawn_main" in cmdline:
-            pids.append(int(stat.parent.name))
-    return sorted(pids)
 
 
 def gone(pid: int) -> bool:

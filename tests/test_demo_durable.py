@@ -11,44 +11,15 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-URL_ENV = "HAREL_STORE_URL"
-
-
-def module_env(**extra: str) -> dict[str, str]:
-    """This environment, with the ``harel_store`` the tests import first on the path,
-    and no ``HAREL_STORE_URL`` unless given."""
-    import harel_store
-
-    env = dict(os.environ)
-    env.pop(URL_ENV, None)
-    root = str(Path(harel_store.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    env.update(extra)
-    return env
-
-
-def demo_command(*args: str) -> list[str]:
-    return [sys.executable, "-W", "error", "-m", "harel_store", *args]
-
-
-def run_demo(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        demo_command(*args),
-        cwd=cwd,
-        env=module_env(**env),
-        capture_output=True,
-        check=False,
-        text=True,
-        timeout=300,
-    )
+from _helpers import URL_ENV, module_env, worker_pids
+from _helpers import cli_command as demo_command
+from _helpers import run_cli as run_demo
 
 
 def assert_ok(proc: subprocess.CompletedProcess[str]) -> None:
@@ -205,20 +176,6 @@ def test_workers_on_sqlite(tmp_path: Path) -> None:
     assert_workers(proc, 2)
     assert "orders:      200 (" in proc.stdout
     assert_finished(tmp_path / "orders.db")
-
-
-def worker_pids(parent: int) -> list[int]:
-    """The spawned worker processes of ``parent`` (not multiprocessing's helpers)."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rpartition(")")[2].split()[1])
-            cmdline = (stat.parent / "cmdline").read_bytes()
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == parent and b"spawn_main" in cmdline:
-            pids.append(int(stat.parent.name))
-    return sorted(pids)
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")

@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 from _helpers import AsyncAsSync
+from _keyed import KEYED_CALLS
 
 import harel_store
 from harel_store import DictStore, Execution, StoreConflict, StoreError, TimerOp, copy_store
@@ -815,31 +816,7 @@ def everything(store: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     ("call", "named"),
-    [
-        (lambda s, b: s.commit(Execution(id=b), []), "execution id"),
-        (lambda s, b: s.save(Execution(id=b)), "execution id"),
-        (lambda s, b: s.commit(Execution(id="e2"), [("t", 1), (b, "ev")]), "emits[1] target_id"),
-        (lambda s, b: s.commit(Execution(id="e2"), [], b), "processed_event_id"),
-        (
-            lambda s, b: s.commit(
-                Execution(id="e2"), [], timers=[TimerOp("cancel", "p"), TimerOp("schedule", b, 2)]
-            ),
-            "timers[1].path",
-        ),
-        (
-            lambda s, b: s.commit(Execution(id="e2"), [], spawns=[(b, "r", {})]),
-            "spawns[0] child_id",
-        ),
-        (lambda s, b: s.commit(Execution(id="e2"), [], commit_id=b), "commit_id"),
-        (lambda s, b: s.append_trace(b, {}), "execution_id"),
-        (lambda s, b: s.load(b), "execution_id"),
-        (lambda s, b: s.is_processed(b, "v1"), "execution_id"),
-        (lambda s, b: s.is_processed("e1", b), "event_id"),
-        (lambda s, b: s.delete_timer(b, "p", 1.0), "execution_id"),
-        (lambda s, b: s.delete_timer("e1", b, 1.0), "path"),
-        (lambda s, b: s.forget(b), "execution_id"),
-        (lambda s, b: s.read_trace(b), "execution_id"),
-    ],
+    KEYED_CALLS,
 )
 def test_a_postgres_id_longer_than_a_key_is_a_value_error_naming_it_and_nothing_is_written(
     pg: Any, pg_server: Any, pg_schema: str, call: Any, named: str

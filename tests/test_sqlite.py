@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+from _keyed import KEYED_CALLS
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -500,31 +501,7 @@ def too_long(named: str, size: int = KEY_BYTES_MAX + 1) -> str:
 
 @pytest.mark.parametrize(
     ("call", "named"),
-    [
-        (lambda s, b: s.commit(Execution(id=b), []), "execution id"),
-        (lambda s, b: s.save(Execution(id=b)), "execution id"),
-        (lambda s, b: s.commit(Execution(id="e2"), [("t", 1), (b, "ev")]), "emits[1] target_id"),
-        (lambda s, b: s.commit(Execution(id="e2"), [], b), "processed_event_id"),
-        (
-            lambda s, b: s.commit(
-                Execution(id="e2"), [], timers=[TimerOp("cancel", "p"), TimerOp("schedule", b, 2)]
-            ),
-            "timers[1].path",
-        ),
-        (
-            lambda s, b: s.commit(Execution(id="e2"), [], spawns=[(b, "r", {})]),
-            "spawns[0] child_id",
-        ),
-        (lambda s, b: s.commit(Execution(id="e2"), [], commit_id=b), "commit_id"),
-        (lambda s, b: s.append_trace(b, {}), "execution_id"),
-        (lambda s, b: s.load(b), "execution_id"),
-        (lambda s, b: s.is_processed(b, "v1"), "execution_id"),
-        (lambda s, b: s.is_processed("e1", b), "event_id"),
-        (lambda s, b: s.delete_timer(b, "p", 1.0), "execution_id"),
-        (lambda s, b: s.delete_timer("e1", b, 1.0), "path"),
-        (lambda s, b: s.forget(b), "execution_id"),
-        (lambda s, b: s.read_trace(b), "execution_id"),
-    ],
+    KEYED_CALLS,
 )
 def test_an_id_longer_than_a_key_is_a_value_error_naming_it_and_nothing_is_written(
     opened: Callable[..., SqliteStore], call: Any, named: str

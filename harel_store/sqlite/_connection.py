@@ -141,19 +141,9 @@ def _text(text: Any, what: str, i: int = -1) -> None:
 
 
 def _texts(eid: str, body: _checks.Body, commit_id: str | None) -> None:
-    """:func:`_text` for every id of a commit."""
-    _text(eid, "execution id")
-    if body.processed_event_id is not None:
-        _text(body.processed_event_id, "processed_event_id")
-    for i, (target, _) in enumerate(body.emits):
-        if target is not None:
-            _text(target, "emits[%d] target_id", i)
-    for i, op in enumerate(body.timers):
-        _text(op.path, "timers[%d].path", i)
-    for i, spawn in enumerate(body.spawns):
-        _text(spawn[0], "spawns[%d] child_id", i)
-    if commit_id is not None:
-        _text(commit_id, "commit_id")
+    """:func:`_text` for every id of a commit (:func:`harel_store._checks.commit_keys`)."""
+    for text, what, i in _checks.commit_keys(eid, body, commit_id):
+        _text(text, what, i)
 
 
 def _not_utf8(text: str, index: int, what: str) -> ValueError:

@@ -8,9 +8,9 @@ import sqlite3
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from .. import _checks
 from .._digest import Digest
 from .._records import OutboxEntry, SpawnEntry
+from .._transfer import durable_row_keys
 from ._schema import (
     _BATCH,
     _BUMP,
@@ -21,21 +21,6 @@ from ._schema import (
     _RESTORE,
     _SEQ_UPDATE,
 )
-
-# The ids of each kind of row of durable_rows, by position and name: each is a key, held to
-# the length of every durable store's (_checks.durable_key) before the restore writes.
-_IDS = {
-    "execution": ((0, "the id of an execution to copy"),),
-    "mark": ((0, "the execution id of a processed mark to copy"),
-             (1, "the event id of a processed mark to copy")),
-    "commit": ((0, "the execution id of a commit id to copy"), (1, "a commit id to copy")),
-    "step": ((0, "the execution id of a trace step to copy"),),
-    "trace": ((0, "the execution id of a trace ring to copy"),),
-    "timer": ((0, "the execution id of a timer to copy"), (1, "the path of a timer to copy")),
-    "outbox": ((1, "the target_id of an outbox entry to copy"),),
-    "spawn": ((1, "the parent_id of a spawn intent to copy"),
-              (2, "the child_id of a spawn intent to copy")),
-}  # fmt: skip
 
 
 def held(conn: sqlite3.Connection) -> dict[str, int]:
@@ -107,9 +92,7 @@ def write_rows(conn: sqlite3.Connection, rows: Iterable[tuple[str, tuple[Any, ..
         if kind == "seqs":
             seqs = row
         else:
-            for index, what in _IDS[kind]:
-                if row[index] is not None:
-                    _checks.durable_key(row[index], what)
+            durable_row_keys(kind, row)
             add(_RESTORE[kind], row)
     for sql, batch in batches.items():
         if batch:

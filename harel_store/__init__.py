@@ -5,7 +5,7 @@ from ._copy import copy_store
 from ._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError
 from ._open import open_async_store, open_store
 from ._protocols import AsyncExecutionStore, ExecutionStore
-from ._records import DEFAULT_TRACE_MAX, Execution, OutboxEntry, SpawnEntry, TimerOp
+from ._records import DEFAULT_TRACE_MAX, Commit, Execution, OutboxEntry, SpawnEntry, TimerOp
 from ._store import IMPLEMENTATION, DictStore
 from ._version import __version__
 
@@ -14,6 +14,7 @@ __all__ = [
     "IMPLEMENTATION",
     "AsyncDictStore",
     "AsyncExecutionStore",
+    "Commit",
     "DictStore",
     "Execution",
     "ExecutionStore",

@@ -90,3 +90,28 @@ class TimerOp(NamedTuple):
     #: When a scheduled timer fires, in seconds (a finite real number, kept as a
     #: ``float``); unused by ``"cancel"``.
     fire_at: float | None = None
+
+
+class Commit(NamedTuple):
+    """One event-boundary write for ``commit_many``: the arguments of ``commit``, in its
+    order, with its defaults.
+
+    ``store.commit_many([Commit(exe, emits, "ev-1"), ...])`` checks and applies each one
+    exactly as ``commit`` would apply it alone, in one transaction on a durable store."""
+
+    #: The execution to write (compare-and-set on its ``version``).
+    exe: Any
+    #: The ``(target_id, event)`` pairs to enqueue in the outbox.
+    emits: Any = ()
+    #: The event this step handled, marked so a redelivery is skipped.
+    processed_event_id: Hashable | None = None
+    #: The :class:`TimerOp` to apply.
+    timers: Any = ()
+    #: The ``(child_id, root_path, context)`` spawn intents to enqueue.
+    spawns: Any = ()
+    #: The trace step to record, or ``None``.
+    trace: Any = None
+    #: The commit's idempotency key: a replay of it writes nothing.
+    commit_id: str | None = None
+    #: The writer epoch to fence with, or ``None``.
+    epoch: int | None = None

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 from ._digest import Digest
 from ._errors import shown
-from ._records import OutboxEntry, SpawnEntry, TimerOp
+from ._records import Commit, OutboxEntry, SpawnEntry, TimerOp
 
 _new = tuple.__new__
 SCHEDULE = "schedule"
@@ -440,3 +440,34 @@ def set_version(exe: Any, version: int) -> None:
         exe.version = version
     except AttributeError:
         raise bad_exe("writable", exe) from None
+
+
+def batch(commits: Any) -> tuple[Any, ...]:
+    """The commits of ``commit_many``, snapshotted: each must be a :class:`Commit`."""
+    items = snapshot(commits, "commits")
+    for i, item in enumerate(items):
+        if not isinstance(item, Commit):
+            raise TypeError(f"commits[{i}] must be a harel_store.Commit, got {type(item).__name__}")
+    return items
+
+
+def no_twins(ids: list[Any]) -> None:
+    """Two commits of one execution in one batch are refused (the second would always
+    conflict with the first): ``ids`` are the batch's execution ids, in order."""
+    first: dict[Any, int] = {}
+    for i, eid in enumerate(ids):
+        j = first.setdefault(eid, i)
+        if j != i:
+            raise ValueError(
+                f"commits[{j}] and commits[{i}] are both of execution {shown(eid)}: "
+                "one commit per execution in a batch"
+            )
+
+
+def seqs(values: Any, what: str) -> tuple[int, ...]:
+    """The seqs of ``ack_outbox_many``/``ack_spawn_many``, each an int."""
+    items = snapshot(values, what)
+    for i, value in enumerate(items):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{what}[{i}] must be an int, got {type(value).__name__}")
+    return tuple(int(v) for v in items)

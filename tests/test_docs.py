@@ -21,7 +21,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
-PUBLIC_MODULES = ("harel_store", "harel_store.sqlite", "harel_store.postgres")
+PUBLIC_MODULES = (
+    "harel_store",
+    "harel_store.sqlite",
+    "harel_store.postgres",
+    "harel_store.statemachine",
+)
 # Named by the reference whatever their module's __all__ says.
 PUBLIC_CLASSES = (
     "harel_store.sqlite.SqliteStore",

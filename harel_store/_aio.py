@@ -7,15 +7,21 @@ lock is needed. The logic lives once, in the sync store.
 
 from __future__ import annotations
 
+import asyncio
 import typing
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from time import monotonic
 from typing import Any, ClassVar
 
+from . import _checks
 from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
 from ._store import DictStore
 
 if typing.TYPE_CHECKING:  # Self is in typing from Python 3.11 on
     from typing_extensions import Self
+
+    from ._errors import StoreError
+    from ._records import Commit
 
 
 class AsyncDictStore:
@@ -87,6 +93,11 @@ class AsyncDictStore:
             exe, emits, processed_event_id, timers, spawns, trace, commit_id=commit_id, epoch=epoch
         )
 
+    async def commit_many(self, commits: Iterable[Commit]) -> list[StoreError | None]:
+        """Each commit as :meth:`commit` applies it, every one checked first:
+        :meth:`DictStore.commit_many`."""
+        return self._store.commit_many(commits)  # type: ignore[no-any-return]
+
     async def is_processed(self, execution_id: Hashable, event_id: Hashable) -> bool:
         """Whether a commit of ``execution_id`` recorded ``event_id`` as handled:
         :meth:`DictStore.is_processed`."""
@@ -100,6 +111,10 @@ class AsyncDictStore:
         """Drop the outbox entry ``seq``: :meth:`DictStore.ack_outbox`."""
         self._store.ack_outbox(seq)
 
+    async def ack_outbox_many(self, seqs: Iterable[int]) -> None:
+        """Drop each outbox entry of ``seqs``: :meth:`DictStore.ack_outbox_many`."""
+        self._store.ack_outbox_many(seqs)
+
     async def claim_outbox(self, limit: int = 100, *, lease: float = 30.0) -> list[OutboxEntry]:
         """Lease up to ``limit`` unleased outbox entries: :meth:`DictStore.claim_outbox`."""
         return self._store.claim_outbox(limit, lease=lease)  # type: ignore[no-any-return]
@@ -111,6 +126,10 @@ class AsyncDictStore:
     async def ack_spawn(self, seq: int) -> None:
         """Drop the spawn intent ``seq``: :meth:`DictStore.ack_spawn`."""
         self._store.ack_spawn(seq)
+
+    async def ack_spawn_many(self, seqs: Iterable[int]) -> None:
+        """Drop each spawn intent of ``seqs``: :meth:`DictStore.ack_spawn_many`."""
+        self._store.ack_spawn_many(seqs)
 
     async def claim_spawns(self, limit: int = 100, *, lease: float = 30.0) -> list[SpawnEntry]:
         """Lease up to ``limit`` unleased spawn intents: :meth:`DictStore.claim_spawns`."""
@@ -130,6 +149,11 @@ class AsyncDictStore:
         """Disarm the timer if it still fires at ``fire_at``: :meth:`DictStore.delete_timer`."""
         self._store.delete_timer(execution_id, path, fire_at)
 
+    async def delete_timer_many(self, timers: Iterable[tuple[Hashable, Hashable, float]]) -> None:
+        """Disarm each timer that still fires when its triple says:
+        :meth:`DictStore.delete_timer_many`."""
+        self._store.delete_timer_many(timers)
+
     async def append_trace(self, execution_id: Hashable, entry: Mapping[str, Any]) -> None:
         """Record a trace step outside a commit: :meth:`DictStore.append_trace`."""
         self._store.append_trace(execution_id, entry)
@@ -145,6 +169,21 @@ class AsyncDictStore:
     async def stats(self) -> dict[str, int]:
         """Counts for monitoring: :meth:`DictStore.stats`."""
         return self._store.stats()  # type: ignore[no-any-return]
+
+    async def wait_for_work(self, timeout: float) -> bool:
+        """:meth:`DictStore.wait_for_work` for work committed by another task or thread:
+        the one method that awaits, pausing with ``asyncio.sleep`` between looks (1 ms at
+        first, up to 20 ms) so the loop's other tasks run meanwhile."""
+        timeout = _checks.as_timeout(timeout)
+        deadline = monotonic() + timeout
+        pause = 0.001
+        while not self._store.wait_for_work(0.0):
+            left = deadline - monotonic()
+            if left <= 0.0:
+                return False
+            await asyncio.sleep(min(pause, left))
+            pause = min(pause * 2.0, 0.02)
+        return True
 
     async def close(self) -> None:
         """Nothing to release: :meth:`DictStore.close`."""

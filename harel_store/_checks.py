@@ -471,3 +471,21 @@ def seqs(values: Any, what: str) -> tuple[int, ...]:
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{what}[{i}] must be an int, got {type(value).__name__}")
     return tuple(int(v) for v in items)
+
+
+def timer_triples(timers: Any) -> list[tuple[Any, Any, float]]:
+    """The ``(execution_id, path, fire_at)`` triples of ``delete_timer_many``, checked as
+    ``delete_timer`` checks its arguments (ids hashable, ``fire_at`` a real number)."""
+    triples = []
+    for i, item in enumerate(snapshot(timers, "timers")):
+        try:
+            execution_id, path, fire_at = item
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"timers[{i}] must be an (execution_id, path, fire_at) triple, "
+                f"got {type(item).__name__}"
+            ) from None
+        hashable(execution_id, "the execution id of timers[%d]", i)
+        hashable(path, "the path of timers[%d]", i)
+        triples.append((execution_id, path, as_time(fire_at, f"the fire_at of timers[{i}]")))
+    return triples

@@ -6,7 +6,7 @@ very functions of ``_checks`` that the pure store calls."""
 from collections import deque
 from copy import deepcopy
 from heapq import heapify, heappop, heappush
-from time import monotonic
+from time import monotonic, sleep
 
 from cpython.float cimport PyFloat_AS_DOUBLE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
@@ -474,6 +474,102 @@ _COPY_REFUSED = (
 )
 
 
+cdef list _batch(object commits):
+    cdef list calls = []
+    cdef set seen = set()
+    cdef Py_ssize_t i = 0
+    cdef object item, exe, eid
+    cdef tuple call
+    for item in _checks.batch(commits):
+        call = tuple(item)
+        exe = call[0]
+        try:
+            if not (
+                _own_slots(exe)
+                and type(_exe_attr(exe, _ID_AT, "id")) is str
+                and type(_exe_attr(exe, _VERSION_AT, "version")) is int
+                and _plain(call[1], call[2], call[3], call[4], call[5])
+            ):
+                emits, timers, spawns, trace = _checked(
+                    exe, call[1], call[2], call[3], call[4], call[5]
+                )
+                call = (exe, emits, call[2], timers, spawns, trace, call[6], call[7])
+            if call[6] is not None or call[7] is not None:
+                call = (
+                    *call[:6],
+                    None if call[6] is None else _checks.as_commit_id(call[6]),
+                    None if call[7] is None else _checks.as_epoch(call[7]),
+                )
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"commits[{i}]: {exc}") from None
+        eid = exe.id
+        if eid in seen:
+            _checks.no_twins([c[0].id for c in calls] + [eid])
+        seen.add(eid)
+        calls.append(call)
+        i += 1
+    return calls
+
+
+cdef bint _plain(object emits, object mark, object timers, object spawns, object trace):
+    cdef object item, target, op, fire_at
+    if mark is not None and type(mark) is not str:
+        return False
+    if trace is not None and type(trace) is not dict:
+        return False
+    if type(emits) is not list and type(emits) is not tuple:
+        return False
+    for item in emits:
+        if type(item) is not tuple or PyTuple_GET_SIZE(item) != 2:
+            return False
+        target = (<tuple>item)[0]
+        if target is not None and type(target) is not str:
+            return False
+    if type(timers) is not list and type(timers) is not tuple:
+        return False
+    for op in timers:
+        if type(op) is not _TimerOp or type((<tuple>op)[1]) is not str:
+            return False
+        if (<tuple>op)[0] is _SCHEDULE:
+            fire_at = (<tuple>op)[2]
+            if type(fire_at) is not float or fire_at - fire_at != 0.0:
+                return False
+        elif (<tuple>op)[0] is not _CANCEL:
+            return False
+    if type(spawns) is not list and type(spawns) is not tuple:
+        return False
+    for item in spawns:
+        if type(item) is not tuple or PyTuple_GET_SIZE(item) != 3:
+            return False
+        if type((<tuple>item)[0]) is not str or type((<tuple>item)[2]) is not dict:
+            return False
+    return True
+
+
+cdef tuple _checked(object exe, object emits, object mark, object timers, object spawns, object trace):
+    try:
+        eid = exe.id
+    except AttributeError:
+        raise _bad_exe("id", exe) from None
+    try:
+        hash(eid)
+    except TypeError:
+        raise _bad_exe("hash", eid) from None
+    try:
+        version = exe.version
+    except AttributeError:
+        raise _bad_exe("version", exe) from None
+    if type(version) is not int:
+        _checks.as_int(version, "execution version")
+    if mark is not None:
+        _checks.hashable(mark, "processed_event_id")
+    pairs = [(entry[1], entry[2]) for entry in _checks.outbox_entries(emits, 0)]
+    ops = _checks.timer_ops(_checks.snapshot(timers, "timers"))
+    born = [(entry[2], entry[3], entry[4]) for entry in _checks.spawn_entries(spawns, eid, 0)]
+    step = None if trace is None else _checks.trace_step(trace, "trace")
+    return pairs, ops, born, step
+
+
 cdef class DictStore:
     """The in-memory ``ExecutionStore``: ``load`` returns the very object that was saved."""
 
@@ -489,6 +585,7 @@ cdef class DictStore:
     cdef long long _seq
     cdef long long _spawn_seq
     cdef long long _timer_seq
+    cdef long long _seen_work
     cdef Py_ssize_t _n_exes
     cdef Py_ssize_t _n_marks
     cdef Py_ssize_t _n_timers
@@ -789,6 +886,21 @@ cdef class DictStore:
             self._busy = False
         return 0
 
+    def commit_many(self, commits):
+        if self._busy:
+            raise _reentered("commit_many")
+        cdef list calls = _batch(commits)
+        cdef list outcomes = []
+        cdef tuple call
+        for call in calls:
+            try:
+                self._commit(call[0], call[1], call[2], call[3], call[4], call[5], call[6], call[7])
+            except (StoreConflict, StaleWriter, IdempotencyConflict) as refused:
+                outcomes.append(refused)
+            else:
+                outcomes.append(None)
+        return outcomes
+
     def is_processed(self, execution_id, event_id):
         cdef _Slot slot = self._slots.get(execution_id)
         if slot is None or slot.marks is None:
@@ -807,6 +919,12 @@ cdef class DictStore:
         finally:
             self._busy = False
 
+    def ack_outbox_many(self, seqs):
+        if self._busy:
+            raise _reentered("ack_outbox_many")
+        for seq in _checks.seqs(seqs, "seqs"):
+            self.ack_outbox(seq)
+
     def claim_outbox(self, limit=100, *, lease=30.0):
         return self._claim(self._outbox, "claim_outbox", limit, lease)
 
@@ -821,6 +939,12 @@ cdef class DictStore:
             self._spawns.ack(seq)
         finally:
             self._busy = False
+
+    def ack_spawn_many(self, seqs):
+        if self._busy:
+            raise _reentered("ack_spawn_many")
+        for seq in _checks.seqs(seqs, "seqs"):
+            self.ack_spawn(seq)
 
     def claim_spawns(self, limit=100, *, lease=30.0):
         return self._claim(self._spawns, "claim_spawns", limit, lease)
@@ -939,6 +1063,12 @@ cdef class DictStore:
         finally:
             self._busy = False
 
+    def delete_timer_many(self, timers):
+        if self._busy:
+            raise _reentered("delete_timer_many")
+        for execution_id, path, fire_at in _checks.timer_triples(timers):
+            self.delete_timer(execution_id, path, fire_at)
+
     def append_trace(self, execution_id, entry):
         self._record(execution_id, entry)
 
@@ -985,6 +1115,23 @@ cdef class DictStore:
             "traces": self._n_rings,
             "trace_steps": self._n_steps,
         }
+
+    def wait_for_work(self, timeout):
+        timeout = _checks.as_timeout(timeout)
+        cdef double deadline = monotonic() + timeout
+        cdef double pause = 0.001
+        cdef double left
+        cdef long long count
+        while True:
+            count = self._seq + self._spawn_seq + self._timer_seq
+            if count != self._seen_work:
+                self._seen_work = count
+                return True
+            left = deadline - monotonic()
+            if left <= 0.0:
+                return False
+            sleep(min(pause, left))
+            pause = min(pause * 2.0, 0.02)
 
     def close(self):
         pass

@@ -37,16 +37,20 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from copy import deepcopy
 from heapq import heapify, heappop, heappush
 from math import isnan
-from time import monotonic
+from time import monotonic, sleep
 from typing import Any
 
 from . import _checks, _transfer
 from ._errors import IdempotencyConflict, StaleWriter, StoreConflict
 from ._errors import shown as _shown
 from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
+from ._records import Execution as _Exe
 
 if typing.TYPE_CHECKING:  # Self is in typing from Python 3.11 on
     from typing_extensions import Self
+
+    from ._errors import StoreError
+    from ._records import Commit
 
 _new = tuple.__new__
 _DEAD: Any = object()  # the id slot of a timer entry that is no longer armed
@@ -265,6 +269,99 @@ _COPY_REFUSED = (
 )
 
 
+def _batch(commits: Any) -> list[tuple[Any, ...]]:
+    """The arguments of ``commit`` for each commit of ``commit_many``, every one checked
+    before the first is written. Exact types pass as they are (``commit`` copies them, and
+    no caller code can run in between); anything else is checked and copied here."""
+    calls: list[tuple[Any, ...]] = []
+    seen: set[Any] = set()
+    for i, item in enumerate(_checks.batch(commits)):
+        exe, emits, mark, timers, spawns, trace, commit_id, epoch = item
+        try:
+            if not (
+                type(exe) is _Exe
+                and type(exe.id) is str
+                and type(exe.version) is int
+                and _plain(emits, mark, timers, spawns, trace)
+            ):
+                emits, timers, spawns, trace = _checked(exe, emits, mark, timers, spawns, trace)
+            if commit_id is not None or epoch is not None:
+                commit_id = None if commit_id is None else _checks.as_commit_id(commit_id)
+                epoch = None if epoch is None else _checks.as_epoch(epoch)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"commits[{i}]: {exc}") from None
+        eid = exe.id
+        if eid in seen:
+            _checks.no_twins([call[0].id for call in calls] + [eid])
+        seen.add(eid)
+        calls.append((exe, emits, mark, timers, spawns, trace, commit_id, epoch))
+    return calls
+
+
+def _plain(emits: Any, mark: Any, timers: Any, spawns: Any, trace: Any) -> bool:
+    """Whether a commit is made of exact types only, all valid (no caller code runs)."""
+    if mark is not None and type(mark) is not str:
+        return False
+    if trace is not None and type(trace) is not dict:
+        return False
+    if type(emits) is not list and type(emits) is not tuple:
+        return False
+    for item in emits:
+        if type(item) is not tuple or len(item) != 2:
+            return False
+        target = item[0]
+        if target is not None and type(target) is not str:
+            return False
+    if type(timers) is not list and type(timers) is not tuple:
+        return False
+    for op in timers:
+        if type(op) is not TimerOp or type(op[1]) is not str:
+            return False
+        if op[0] is _SCHEDULE:
+            fire_at = op[2]
+            if type(fire_at) is not float or fire_at - fire_at != 0.0:
+                return False
+        elif op[0] is not _CANCEL:
+            return False
+    if type(spawns) is not list and type(spawns) is not tuple:
+        return False
+    for item in spawns:
+        if type(item) is not tuple or len(item) != 3:
+            return False
+        if type(item[0]) is not str or type(item[2]) is not dict:
+            return False
+    return True
+
+
+def _checked(
+    exe: Any, emits: Any, mark: Any, timers: Any, spawns: Any, trace: Any
+) -> tuple[Any, ...]:
+    """A commit's parts checked and copied as ``commit`` checks them, whatever their
+    types: an execution's id and version, the outbox pairs, the timer ops, the spawn
+    triples (contexts copied) and the trace step."""
+    try:
+        eid = exe.id
+    except AttributeError:
+        raise _bad_exe("id", exe) from None
+    try:
+        hash(eid)
+    except TypeError:
+        raise _bad_exe("hash", eid) from None
+    try:
+        version = exe.version
+    except AttributeError:
+        raise _bad_exe("version", exe) from None
+    if type(version) is not int:
+        _checks.as_int(version, "execution version")
+    if mark is not None:
+        _checks.hashable(mark, "processed_event_id")
+    pairs = [(entry[1], entry[2]) for entry in _checks.outbox_entries(emits, 0)]
+    ops = _checks.timer_ops(_checks.snapshot(timers, "timers"))
+    born = [(entry[2], entry[3], entry[4]) for entry in _checks.spawn_entries(spawns, eid, 0)]
+    step = None if trace is None else _checks.trace_step(trace, "trace")
+    return pairs, ops, born, step
+
+
 class DictStore:
     """The in-memory ``ExecutionStore``: ``load`` returns the very object that was saved.
 
@@ -295,6 +392,7 @@ class DictStore:
         "_n_steps",
         "_n_timers",
         "_outbox",
+        "_seen_work",
         "_seq",
         "_slots",
         "_spawn_seq",
@@ -322,6 +420,7 @@ class DictStore:
     _seq: int
     _spawn_seq: int
     _timer_seq: int
+    _seen_work: int
     _n_exes: int
     _n_marks: int
     _n_timers: int
@@ -342,7 +441,7 @@ class DictStore:
         self._heap = []
         self._armed = []
         self._leased = []
-        self._seq = self._spawn_seq = self._timer_seq = 0
+        self._seq = self._spawn_seq = self._timer_seq = self._seen_work = 0
         self._n_exes = self._n_marks = self._n_timers = self._n_dead = 0
         self._n_rings = self._n_steps = 0
         return self
@@ -731,6 +830,28 @@ class DictStore:
         finally:
             self._busy = False
 
+    def commit_many(self, commits: Iterable[Commit]) -> list[StoreError | None]:
+        """Each :class:`~harel_store.Commit` of ``commits`` as :meth:`commit` applies it,
+        in order: per commit ``None`` (applied, or a replay of its ``commit_id``) or the
+        :class:`StoreConflict`, :class:`StaleWriter` or :class:`IdempotencyConflict` that
+        :meth:`commit` would have raised, which wrote nothing and does not stop the
+        others. Every commit is checked before the first is written: bad input in any
+        (``TypeError``/``ValueError`` naming ``commits[i]``, two commits of one
+        execution) raises and writes nothing."""
+        if self._busy:
+            raise _reentered("commit_many")
+        calls = _batch(commits)
+        outcomes: list[StoreError | None] = []
+        commit = self.commit
+        for exe, emits, mark, timers, spawns, trace, commit_id, epoch in calls:
+            try:
+                commit(exe, emits, mark, timers, spawns, trace, commit_id=commit_id, epoch=epoch)
+            except (StoreConflict, StaleWriter, IdempotencyConflict) as refused:
+                outcomes.append(refused)
+            else:
+                outcomes.append(None)
+        return outcomes
+
     def is_processed(self, execution_id: Hashable, event_id: Hashable) -> bool:
         """Whether a commit of ``execution_id`` recorded ``event_id`` as handled."""
         slot = self._slots.get(execution_id)
@@ -752,6 +873,13 @@ class DictStore:
             self._outbox.ack(seq)
         finally:
             self._busy = False
+
+    def ack_outbox_many(self, seqs: Iterable[int]) -> None:
+        """:meth:`ack_outbox` each of ``seqs`` (ints, all checked before the first ack)."""
+        if self._busy:
+            raise _reentered("ack_outbox_many")
+        for seq in _checks.seqs(seqs, "seqs"):
+            self.ack_outbox(seq)
 
     def claim_outbox(self, limit: int = 100, *, lease: float = 30.0) -> list[OutboxEntry]:
         """Lease up to ``limit`` unacked outbox entries that no live lease holds, oldest
@@ -783,6 +911,13 @@ class DictStore:
             self._spawns.ack(seq)
         finally:
             self._busy = False
+
+    def ack_spawn_many(self, seqs: Iterable[int]) -> None:
+        """:meth:`ack_spawn` each of ``seqs`` (ints, all checked before the first ack)."""
+        if self._busy:
+            raise _reentered("ack_spawn_many")
+        for seq in _checks.seqs(seqs, "seqs"):
+            self.ack_spawn(seq)
 
     def claim_spawns(self, limit: int = 100, *, lease: float = 30.0) -> list[SpawnEntry]:
         """:meth:`claim_outbox` for the spawn intents."""
@@ -919,6 +1054,14 @@ class DictStore:
         finally:
             self._busy = False
 
+    def delete_timer_many(self, timers: Iterable[tuple[Hashable, Hashable, float]]) -> None:
+        """:meth:`delete_timer` each ``(execution_id, path, fire_at)`` of ``timers``, all
+        checked before the first is deleted."""
+        if self._busy:
+            raise _reentered("delete_timer_many")
+        for execution_id, path, fire_at in _checks.timer_triples(timers):
+            self.delete_timer(execution_id, path, fire_at)
+
     def append_trace(self, execution_id: Hashable, entry: Mapping[str, Any]) -> None:
         """Record a trace step for ``execution_id`` outside a commit."""
         self._record_trace(execution_id, entry)
@@ -970,6 +1113,26 @@ class DictStore:
             "traces": self._n_rings,
             "trace_steps": self._n_steps,
         }
+
+    def wait_for_work(self, timeout: float) -> bool:
+        """``True`` as soon as this store has committed outbox or spawn entries or armed a
+        timer since it was made or since the previous ``wait_for_work`` returned (work
+        committed by another thread); ``False`` after ``timeout`` seconds without any.
+        It looks at the store's counters, pausing 1 ms between looks at first and up to
+        20 ms, so a commit pays nothing for it."""
+        timeout = _checks.as_timeout(timeout)
+        deadline = monotonic() + timeout
+        pause = 0.001
+        while True:
+            count = self._seq + self._spawn_seq + self._timer_seq
+            if count != self._seen_work:
+                self._seen_work = count
+                return True
+            left = deadline - monotonic()
+            if left <= 0.0:
+                return False
+            sleep(min(pause, left))
+            pause = min(pause * 2.0, 0.02)
 
     def close(self) -> None:
         """Nothing to release: the store lives and dies with the process."""

@@ -29,7 +29,18 @@ API_METHODS = (
     "read_trace",
     "close",
 )
-EXTRA_METHODS = ("forget", "stats", "claim_outbox", "claim_spawns", "claim_due_timers")
+EXTRA_METHODS = (
+    "forget",
+    "stats",
+    "claim_outbox",
+    "claim_spawns",
+    "claim_due_timers",
+    "commit_many",
+    "ack_outbox_many",
+    "ack_spawn_many",
+    "delete_timer_many",
+    "wait_for_work",
+)
 
 
 def drive(coro: Any) -> Any:

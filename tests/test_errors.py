@@ -36,7 +36,15 @@ from _helpers import AsyncAsSync
 from _keyed import KEYED_CALLS
 
 import harel_store
-from harel_store import DictStore, Execution, StoreConflict, StoreError, TimerOp, copy_store
+from harel_store import (
+    Commit,
+    DictStore,
+    Execution,
+    StoreConflict,
+    StoreError,
+    TimerOp,
+    copy_store,
+)
 from harel_store._checks import KEY_BYTES_MAX
 from harel_store._open import redact
 from harel_store.sqlite import AsyncSqliteStore, SqliteStore
@@ -75,16 +83,20 @@ CALLS: dict[str, Callable[[Any, Any], Any]] = {
     "load": lambda s, e: s.load("e1"),
     "save": lambda s, e: s.save(Execution(id="new")),
     "commit": lambda s, e: commit_new(s),
+    "commit_many": lambda s, e: s.commit_many([Commit(Execution(id="new"), [("t", 2)])]),
     "is_processed": lambda s, e: s.is_processed("e1", "v1"),
     "pending_outbox": lambda s, e: s.pending_outbox(),
     "ack_outbox": lambda s, e: s.ack_outbox(1),
+    "ack_outbox_many": lambda s, e: s.ack_outbox_many([1, 2]),
     "claim_outbox": lambda s, e: s.claim_outbox(),
     "pending_spawns": lambda s, e: s.pending_spawns(),
     "ack_spawn": lambda s, e: s.ack_spawn(1),
+    "ack_spawn_many": lambda s, e: s.ack_spawn_many([1, 2]),
     "claim_spawns": lambda s, e: s.claim_spawns(),
     "due_timers": lambda s, e: s.due_timers(5.0),
     "claim_due_timers": lambda s, e: s.claim_due_timers(5.0),
     "delete_timer": lambda s, e: s.delete_timer("e1", "p", 1.0),
+    "delete_timer_many": lambda s, e: s.delete_timer_many([("e1", "p", 1.0)]),
     "append_trace": lambda s, e: s.append_trace("e1", {"k": 3}),
     "read_trace": lambda s, e: s.read_trace("e1"),
     "forget": lambda s, e: s.forget("e1"),
@@ -95,8 +107,9 @@ CALLS: dict[str, Callable[[Any, Any], Any]] = {
 }
 COPIES = ("copy_store from", "copy_store into")
 WRITES = (
-    "save", "commit", "ack_outbox", "claim_outbox", "ack_spawn", "claim_spawns",
-    "claim_due_timers", "delete_timer", "append_trace", "forget", "copy_store into",
+    "save", "commit", "commit_many", "ack_outbox", "ack_outbox_many", "claim_outbox",
+    "ack_spawn", "ack_spawn_many", "claim_spawns", "claim_due_timers", "delete_timer",
+    "delete_timer_many", "append_trace", "forget", "copy_store into",
 )  # fmt: skip
 NOT_DATABASE = {"close"}  # the public methods that use no database
 

@@ -11,7 +11,8 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import _checks, _transfer
-from .._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
+from .._errors import StoreError
+from .._records import DEFAULT_TRACE_MAX, Commit, OutboxEntry, SpawnEntry, TimerOp
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -126,6 +127,10 @@ class AsyncPostgresStore(_transfer.Uncopyable):
             "commit", exe, emits, processed_event_id, timers, spawns, trace, commit_id, epoch
         )
 
+    async def commit_many(self, commits: Iterable[Commit]) -> list[StoreError | None]:
+        """See :meth:`PostgresStore.commit_many`."""
+        return await self._run("commit_many", commits)  # type: ignore[no-any-return]
+
     async def is_processed(self, execution_id: str, event_id: str) -> bool:
         return await self._run("is_processed", execution_id, event_id)  # type: ignore[no-any-return]
 
@@ -135,6 +140,10 @@ class AsyncPostgresStore(_transfer.Uncopyable):
     async def ack_outbox(self, seq: int) -> None:
         await self._run("ack", "outbox", seq)
 
+    async def ack_outbox_many(self, seqs: Iterable[int]) -> None:
+        """See :meth:`PostgresStore.ack_outbox_many`."""
+        await self._run("ack_outbox_many", seqs)
+
     async def claim_outbox(self, limit: int = 100, *, lease: float = 30.0) -> list[OutboxEntry]:
         return await self._run("claim", "outbox", limit, lease)  # type: ignore[no-any-return]
 
@@ -143,6 +152,10 @@ class AsyncPostgresStore(_transfer.Uncopyable):
 
     async def ack_spawn(self, seq: int) -> None:
         await self._run("ack", "spawns", seq)
+
+    async def ack_spawn_many(self, seqs: Iterable[int]) -> None:
+        """See :meth:`PostgresStore.ack_spawn_many`."""
+        await self._run("ack_spawn_many", seqs)
 
     async def claim_spawns(self, limit: int = 100, *, lease: float = 30.0) -> list[SpawnEntry]:
         return await self._run("claim", "spawns", limit, lease)  # type: ignore[no-any-return]
@@ -157,6 +170,10 @@ class AsyncPostgresStore(_transfer.Uncopyable):
 
     async def delete_timer(self, execution_id: str, path: str, fire_at: float) -> None:
         await self._run("delete_timer", execution_id, path, fire_at)
+
+    async def delete_timer_many(self, timers: Iterable[tuple[str, str, float]]) -> None:
+        """See :meth:`PostgresStore.delete_timer_many`."""
+        await self._run("delete_timer_many", timers)
 
     async def append_trace(self, execution_id: str, entry: Mapping[str, Any]) -> None:
         await self._run("record_trace", execution_id, entry)

@@ -16,6 +16,7 @@ from .._digest import body_digest
 from .._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError
 from .._records import OutboxEntry, SpawnEntry
 from .._redact import redact
+from . import _batch
 from ._schema import (
     _INSPECT,
     _SQL_CACHE,
@@ -415,6 +416,9 @@ class _Core:
             raise IdempotencyConflict(eid, commit_id)
         _checks.set_version(exe, done_version)
 
+    def commit_many(self, commits: Any) -> _Op:
+        return (yield from _batch.commit_many(self, commits))
+
     def is_processed(self, execution_id: Any, event_id: Any) -> _Op:
         _checks.str_id(execution_id, "execution_id")
         _checks.str_id(event_id, "event_id")
@@ -434,6 +438,12 @@ class _Core:
             seq = _checks.as_int(seq, "seq")
         if _checks.INT64_MIN <= seq <= _checks.INT64_MAX:  # no other seq can be stored
             yield _Query(self.sql.ack[table], (seq,), True)
+
+    def ack_outbox_many(self, seqs: Any) -> _Op:
+        return (yield from _batch.ack_many(self, "outbox", seqs))
+
+    def ack_spawn_many(self, seqs: Any) -> _Op:
+        return (yield from _batch.ack_many(self, "spawns", seqs))
 
     def claim(self, table: str, limit: Any, lease: Any) -> _Op:
         limit = _checks.as_limit(limit)
@@ -466,6 +476,9 @@ class _Core:
         _checks.durable_key(path, "path")
         fire_at = _checks.as_time(fire_at, "fire_at")
         yield _Query(self.sql.delete_timer, (execution_id, path, fire_at), True)
+
+    def delete_timer_many(self, timers: Any) -> _Op:
+        return (yield from _batch.delete_timer_many(self, timers))
 
     # --- trace, retention, monitoring --------------------------------------------------
 
@@ -585,6 +598,10 @@ class _Ints(list):  # type: ignore[type-arg]
 
 _ARRAYS = {_Texts: "text", _Blobs: "bytea", _Floats: "float8", _Ints: "int8"}
 
-# Operations that write what a retry could write twice; the others are retried once on a
-# new connection when theirs fails.
-_NO_RETRY = frozenset(["commit", "save", "record_trace"])
+# Operations that write what a retry could write twice, or whose arguments may be
+# iterators they have read (the batches); the others are retried once on a new
+# connection when theirs fails.
+_NO_RETRY = frozenset(
+    ["commit", "commit_many", "save", "record_trace", "ack_outbox_many", "ack_spawn_many",
+     "delete_timer_many"]
+)  # fmt: skip

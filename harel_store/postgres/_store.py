@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _checks, _transfer
 from .._digest import Digest
-from .._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
+from .._errors import StoreError
+from .._records import DEFAULT_TRACE_MAX, Commit, OutboxEntry, SpawnEntry, TimerOp
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -162,6 +163,18 @@ class PostgresStore(_transfer.Uncopyable):
         """
         self._run("commit", exe, emits, processed_event_id, timers, spawns, trace, commit_id, epoch)
 
+    def commit_many(self, commits: Iterable[Commit]) -> list[StoreError | None]:
+        """Each :class:`~harel_store.Commit` of ``commits`` as :meth:`commit` applies it,
+        in order, in one transaction: per commit ``None`` (applied, or a replay of its
+        ``commit_id``) or the :class:`StoreConflict`, :class:`StaleWriter` or
+        :class:`IdempotencyConflict` that :meth:`commit` would have raised, which wrote
+        nothing and does not stop the others. Every commit is checked and encoded before
+        the first is written: bad input in any (``TypeError``/``ValueError`` naming
+        ``commits[i]``, two commits of one execution) raises and writes nothing. A batch
+        costs a fixed number of statements whatever its size and wakes waiting relays
+        once; durable once it returns. An empty batch is ``[]``, with no transaction."""
+        return self._run("commit_many", commits)  # type: ignore[no-any-return]
+
     def is_processed(self, execution_id: str, event_id: str) -> bool:
         """Whether a commit of ``execution_id`` recorded ``event_id`` as handled."""
         return self._run("is_processed", execution_id, event_id)  # type: ignore[no-any-return]
@@ -176,6 +189,11 @@ class PostgresStore(_transfer.Uncopyable):
         """Drop the outbox entry ``seq`` (ending its lease); an unknown or already-acked
         seq is a no-op."""
         self._run("ack", "outbox", seq)
+
+    def ack_outbox_many(self, seqs: Iterable[int]) -> None:
+        """:meth:`ack_outbox` each of ``seqs`` in one statement and one transaction; every
+        seq is checked (an ``int``) before anything is acked."""
+        self._run("ack_outbox_many", seqs)
 
     def claim_outbox(self, limit: int = 100, *, lease: float = 30.0) -> list[OutboxEntry]:
         """Lease up to ``limit`` unacked outbox entries that no live lease holds, oldest
@@ -192,6 +210,10 @@ class PostgresStore(_transfer.Uncopyable):
         """Drop the spawn intent ``seq`` (ending its lease); an unknown or already-acked
         seq is a no-op."""
         self._run("ack", "spawns", seq)
+
+    def ack_spawn_many(self, seqs: Iterable[int]) -> None:
+        """:meth:`ack_outbox_many` for the spawn intents."""
+        self._run("ack_spawn_many", seqs)
 
     def claim_spawns(self, limit: int = 100, *, lease: float = 30.0) -> list[SpawnEntry]:
         """:meth:`claim_outbox` for the spawn intents."""
@@ -216,6 +238,12 @@ class PostgresStore(_transfer.Uncopyable):
         """Disarm the timer only if it still fires at ``fire_at``, so a sweep that read it
         before a re-arm cannot delete the re-armed timer. Ends its lease."""
         self._run("delete_timer", execution_id, path, fire_at)
+
+    def delete_timer_many(self, timers: Iterable[tuple[str, str, float]]) -> None:
+        """:meth:`delete_timer` each ``(execution_id, path, fire_at)`` of ``timers`` in one
+        statement and one transaction; every triple is checked before anything is
+        deleted."""
+        self._run("delete_timer_many", timers)
 
     # --- trace -------------------------------------------------------------------------
 

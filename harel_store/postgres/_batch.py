@@ -1,0 +1,366 @@
+"""PostgreSQL batches: ``commit_many`` and the batch acks as operations of the core (see
+:mod:`._core`: generators of statements, no I/O).
+
+A batch of commits is one transaction of a fixed number of statements whatever its size,
+with no savepoint: every commit is checked and encoded first; then one statement locks
+the rows of the executions that exist (in id order, as every batch locks them, so two
+batches cannot deadlock), one creates those that do not (``ON CONFLICT DO NOTHING``: a
+lost race is that commit's conflict, not an error aborting the transaction) and reads
+the batch's commit ids, on a snapshot taken once the locks are held; each outcome is
+decided here, and one multi-row statement per table writes the applied commits, with one
+``pg_notify`` at most."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from .. import _checks
+from .._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError
+
+if TYPE_CHECKING:
+    from ._core import _Core
+
+_Op = Generator[Any, Any, Any]
+_NO_EPOCH = -1  # an epoch is at least 0; the int8 array parameters hold no NULL
+
+
+class _Prepared(NamedTuple):
+    """One commit of a batch, checked and encoded."""
+
+    exe: Any
+    eid: str
+    version: int
+    epoch: int | None
+    body: bytes
+    commit_id: str | None
+    digest: bytes | None
+    emits: list[tuple[str | None, bytes]]
+    mark: str | None
+    arm: list[tuple[str, float]]
+    disarm: list[str]
+    spawns: list[tuple[str, bytes, bytes]]
+    step: bytes | None
+
+
+def prepare(core: _Core, commits: Any) -> list[_Prepared]:
+    """Every commit of ``commits`` checked and encoded as ``commit`` would, before any
+    I/O: a ``TypeError``/``ValueError`` naming ``commits[i]``, or two commits of one
+    execution, refuses the whole batch."""
+    items = _checks.batch(commits)
+    prepared = []
+    for i, item in enumerate(items):
+        try:
+            prepared.append(_prepare_one(core, item))
+        except (TypeError, ValueError) as exc:
+            kind = TypeError if isinstance(exc, TypeError) else ValueError
+            raise kind(f"commits[{i}]: {exc}") from exc
+    _checks.no_twins([p.eid for p in prepared])
+    return prepared
+
+
+def _prepare_one(core: _Core, item: Any) -> _Prepared:
+    from ._core import _pack
+
+    exe, emits, processed_event_id, timers, spawns, trace, commit_id, epoch = item
+    eid = _checks.durable_exe_id(exe)
+    body = _checks.commit_body(emits, processed_event_id, timers, spawns, trace, str_ids=True)
+    if commit_id is not None:
+        commit_id = _checks.as_commit_id(commit_id)
+    _checks.durable_keys(eid, body, commit_id)
+    if epoch is not None:
+        epoch = _checks.durable_epoch(epoch)
+    version = _checks.durable_exe_version(exe)
+    encode = core._encode
+    blob = _pack(core._encode_exe(exe, eid))
+    packed_emits = [
+        (target, _pack(encode(event, "the event of emits", i)))
+        for i, (target, event) in enumerate(body.emits)
+    ]
+    packed_spawns = [
+        (
+            child_id,
+            _pack(encode(root_path, "the root_path of spawns", i)),
+            _pack(encode(context, "the context of spawns", i)),
+        )
+        for i, (child_id, root_path, context) in enumerate(body.spawns)
+    ]
+    step = None if body.trace is None else _pack(encode(body.trace, "the trace step"))
+    digest = None if commit_id is None else core._digest(body, commit_id)
+    final: dict[Any, float | None] = {}  # the last op on a path decides its state
+    for action, path, fire_at in body.timers:
+        final.pop(path, None)
+        final[path] = fire_at if action == "schedule" else None
+    return _Prepared(
+        exe, eid, version, epoch, blob, commit_id, digest, packed_emits, body.processed_event_id,
+        [(path, at) for path, at in final.items() if at is not None],
+        [path for path, at in final.items() if at is None],
+        packed_spawns, step,
+    )  # fmt: skip
+
+
+def commit_many(core: _Core, commits: Any) -> _Op:
+    """The operation of ``commit_many``: the outcome of each commit, in order."""
+    from ._core import _Blobs, _Floats, _Ints, _Query, _restore_version, _Texts
+
+    batch = prepare(core, commits)
+    if not batch:
+        return []
+    sql = _sql(core)
+    ids = sorted(p.eid for p in batch)
+    yield _Query("BEGIN", prepare=False)
+    found = {eid: (v, e) for eid, v, e in (yield _Query(sql.lock, (_Texts(ids),), True))}
+    new = sorted((p for p in batch if p.eid not in found), key=lambda p: p.eid)
+    keyed = [p for p in batch if p.commit_id is not None and p.eid in found]
+    rows = yield _Query(
+        sql.create,
+        {
+            "nid": _Texts(p.eid for p in new),
+            "nver": _Ints(p.version + 1 for p in new),
+            "nepoch": _Ints(_NO_EPOCH if p.epoch is None else p.epoch for p in new),
+            "nbody": _Blobs(p.body for p in new),
+            "kid": _Texts(p.eid for p in keyed),
+            "kcid": _Texts(p.commit_id for p in keyed),
+        },
+        True,
+    )
+    created = set()
+    done: dict[str, tuple[bytes, int]] = {}
+    for eid, cid, digest, version in rows:
+        if cid is None:
+            created.add(eid)
+        else:
+            done[eid] = (bytes(digest), version)
+    lost = [p.eid for p in new if p.eid not in created]
+    if lost:  # created meanwhile by another writer: its version, or its commit id
+        for eid, version, cid, digest, done_version in (
+            yield _Query(sql.recheck, {"ids": _Texts(lost)})
+        ):
+            found[eid] = (version, None)
+            if cid is not None:
+                done.setdefault(f"{eid}\0{cid}", (bytes(digest), done_version))
+
+    outcomes: list[StoreError | None] = []
+    applied: list[_Prepared] = []
+    versions: list[tuple[Any, int]] = []  # what to set on each exe, if the batch lands
+    for p in batch:
+        refused: StoreError | None = None
+        if p.eid in created:
+            applied.append(p)
+            versions.append((p, p.version + 1))
+            outcomes.append(None)
+            continue
+        replay = done.get(p.eid) if p.eid not in lost else done.get(f"{p.eid}\0{p.commit_id}")
+        version, epoch = found.get(p.eid, (None, None))
+        if replay is not None and p.commit_id is not None:
+            if replay[0] != p.digest:
+                refused = IdempotencyConflict(p.eid, p.commit_id)
+            else:
+                versions.append((p, replay[1]))
+        elif p.eid in lost:
+            refused = StoreConflict(p.eid, p.version, version)
+        elif p.epoch is not None and epoch is not None and epoch > p.epoch:
+            refused = StaleWriter(p.eid, p.epoch, epoch)
+        elif version != p.version:
+            refused = StoreConflict(p.eid, p.version, version)
+        else:
+            applied.append(p)
+            versions.append((p, p.version + 1))
+        outcomes.append(refused)
+
+    updated = [p for p in applied if p.eid not in created]
+    emits = [(p.eid, t, e) for p in applied for t, e in p.emits]
+    arms = [(p.eid, path, at) for p in applied for path, at in p.arm]
+    disarms = [(p.eid, path) for p in applied for path in p.disarm]
+    spawns = [(p.eid, *s) for p in applied for s in p.spawns]
+    steps = sorted((p.eid, p.step) for p in applied if p.step is not None)
+    keyed = [p for p in applied if p.commit_id is not None]
+    marks = [p for p in applied if p.mark is not None]
+    if applied:
+        yield _Query(
+            sql.write,
+            {
+                "uid": _Texts(p.eid for p in updated),
+                "uver": _Ints(p.version + 1 for p in updated),
+                "uepoch": _Ints(_NO_EPOCH if p.epoch is None else p.epoch for p in updated),
+                "ubody": _Blobs(p.body for p in updated),
+                "targets": _Texts(t for _, t, _ in emits),
+                "events": _Blobs(e for _, _, e in emits),
+                "mid": _Texts(p.eid for p in marks),
+                "mev": _Texts(p.mark for p in marks),
+                "aid": _Texts(a[0] for a in arms),
+                "apath": _Texts(a[1] for a in arms),
+                "aat": _Floats(a[2] for a in arms),
+                "did": _Texts(d[0] for d in disarms),
+                "dpath": _Texts(d[1] for d in disarms),
+                "sid": _Texts(s[0] for s in spawns),
+                "child": _Texts(s[1] for s in spawns),
+                "root": _Blobs(s[2] for s in spawns),
+                "ctx": _Blobs(s[3] for s in spawns),
+                "rid": _Texts(eid for eid, _ in steps),
+                "rstep": _Blobs(step for _, step in steps),
+                "cide": _Texts(p.eid for p in keyed),
+                "cidc": _Texts(p.commit_id for p in keyed),
+                "cidd": _Blobs(p.digest for p in keyed),
+                "cidv": _Ints(p.version + 1 for p in keyed),
+                "wake": bool(emits or arms or spawns),
+                "channel": core.channel,
+            },
+            True,
+        )
+        keep = core.trace_max or 0
+        if steps and keep:
+            # A statement of its own: its snapshot sees every step of the appends that
+            # committed before the batch took the rings' locks.
+            yield _Query(sql.trim, {"rid": _Texts(eid for eid, _ in steps), "keep": keep}, True)
+    # Set before the transaction commits: an execution that refuses its version (frozen,
+    # a setter that raises) rolls back the whole batch, nothing written.
+    set_so_far: list[_Prepared] = []
+    try:
+        for p, version in versions:
+            _checks.set_version(p.exe, version)
+            set_so_far.append(p)
+        yield _Query("COMMIT", prepare=False)
+    except BaseException:
+        for p in set_so_far:
+            _restore_version(p.exe, p.version)
+        raise
+    return outcomes
+
+
+def ack_many(core: _Core, table: str, seqs: Any) -> _Op:
+    """``ack_outbox_many``/``ack_spawn_many``: one statement, one transaction."""
+    from ._core import _Ints, _Query
+
+    values = _checks.seqs(seqs, "seqs")
+    kept = _Ints(sorted({s for s in values if _checks.INT64_MIN <= s <= _checks.INT64_MAX}))
+    if kept:
+        yield _Query(_sql(core).ack[table], (kept,), True)
+
+
+def delete_timer_many(core: _Core, timers: Any) -> _Op:
+    """``delete_timer_many``: each triple checked as ``delete_timer`` checks its
+    arguments, then one statement, one transaction."""
+    from ._core import _Floats, _Query, _Texts
+
+    triples = []
+    for i, item in enumerate(_checks.snapshot(timers, "timers")):
+        if not isinstance(item, tuple) or len(item) != 3:
+            raise TypeError(
+                f"timers[{i}] must be an (execution_id, path, fire_at) tuple, "
+                f"got {type(item).__name__}"
+            )
+        execution_id, path, fire_at = item
+        _checks.str_id(execution_id, f"timers[{i}] execution_id")
+        _checks.str_id(path, f"timers[{i}] path")
+        _checks.durable_key(execution_id, f"timers[{i}] execution_id")
+        _checks.durable_key(path, f"timers[{i}] path")
+        triples.append((execution_id, path, _checks.as_time(fire_at, f"timers[{i}] fire_at")))
+    if triples:
+        triples.sort()
+        yield _Query(
+            _sql(core).delete_timers,
+            (
+                _Texts(t[0] for t in triples),
+                _Texts(t[1] for t in triples),
+                _Floats(t[2] for t in triples),
+            ),
+            True,
+        )
+
+
+class _BatchSql:
+    """The batch statements of one schema (``s`` is its quoted name)."""
+
+    def __init__(self, s: str) -> None:
+        self.lock = f"""
+SELECT id, version, epoch FROM {s}.executions
+WHERE id = ANY (%s::text[]) ORDER BY id FOR UPDATE"""
+        self.create = f"""
+WITH ins AS (
+    INSERT INTO {s}.executions (id, version, epoch, body)
+    SELECT i, v, nullif(e, -1), b
+    FROM unnest(%(nid)s::text[], %(nver)s::int8[], %(nepoch)s::int8[], %(nbody)s::bytea[])
+        AS u (i, v, e, b)
+    ORDER BY i
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id
+)
+SELECT id, NULL::text, NULL::bytea, NULL::int8 FROM ins
+UNION ALL
+SELECT c.execution_id, c.commit_id, c.digest, c.version
+FROM {s}.commit_ids AS c JOIN unnest(%(kid)s::text[], %(kcid)s::text[]) AS u (i, k)
+    ON c.execution_id = u.i AND c.commit_id = u.k"""
+        self.recheck = f"""
+SELECT x.id, x.version, c.commit_id, c.digest, c.version
+FROM {s}.executions AS x LEFT JOIN {s}.commit_ids AS c ON c.execution_id = x.id
+WHERE x.id = ANY (%(ids)s::text[])"""
+        self.write = f"""
+WITH upd AS (
+    UPDATE {s}.executions AS x SET version = u.v, body = u.b, epoch = coalesce(nullif(u.e, -1), x.epoch)
+    FROM unnest(%(uid)s::text[], %(uver)s::int8[], %(uepoch)s::int8[], %(ubody)s::bytea[])
+        AS u (i, v, e, b)
+    WHERE x.id = u.i
+), emit AS (
+    INSERT INTO {s}.outbox (target_id, event)
+    SELECT t, e FROM unnest(%(targets)s::text[], %(events)s::bytea[])
+        WITH ORDINALITY AS u (t, e, o)
+    ORDER BY o
+), mark AS (
+    INSERT INTO {s}.processed (execution_id, event_id)
+    SELECT i, e FROM unnest(%(mid)s::text[], %(mev)s::text[]) AS u (i, e)
+    ON CONFLICT DO NOTHING
+), arm AS (
+    INSERT INTO {s}.timers AS tm (execution_id, path, fire_at)
+    SELECT i, p, f FROM unnest(%(aid)s::text[], %(apath)s::text[], %(aat)s::float8[])
+        WITH ORDINALITY AS u (i, p, f, o)
+    ORDER BY o
+    ON CONFLICT (execution_id, path) DO UPDATE
+    SET fire_at = excluded.fire_at, seq = excluded.seq, lease_until = '-infinity'
+), disarm AS (
+    DELETE FROM {s}.timers AS tm
+    USING unnest(%(did)s::text[], %(dpath)s::text[]) AS u (i, p)
+    WHERE tm.execution_id = u.i AND tm.path = u.p
+), spawn AS (
+    INSERT INTO {s}.spawns (parent_id, child_id, root_path, context)
+    SELECT i, c, r, x
+    FROM unnest(%(sid)s::text[], %(child)s::text[], %(root)s::bytea[], %(ctx)s::bytea[])
+        WITH ORDINALITY AS u (i, c, r, x, o)
+    ORDER BY o
+), ring AS (
+    INSERT INTO {s}.trace_index AS ti (execution_id, next_index)
+    SELECT i, 1 FROM unnest(%(rid)s::text[]) AS i ORDER BY i
+    ON CONFLICT (execution_id) DO UPDATE SET next_index = ti.next_index + 1
+    RETURNING execution_id, next_index
+), step AS (
+    INSERT INTO {s}.trace (execution_id, idx, step)
+    SELECT r.execution_id, r.next_index - 1, u.s
+    FROM ring AS r JOIN unnest(%(rid)s::text[], %(rstep)s::bytea[]) AS u (i, s)
+        ON u.i = r.execution_id
+), rec AS (
+    INSERT INTO {s}.commit_ids (execution_id, commit_id, digest, version)
+    SELECT * FROM unnest(%(cide)s::text[], %(cidc)s::text[], %(cidd)s::bytea[], %(cidv)s::int8[])
+)
+SELECT pg_notify(%(channel)s, '') WHERE %(wake)s::bool"""
+        self.trim = f"""
+DELETE FROM {s}.trace AS tr USING {s}.trace_index AS ti
+WHERE ti.execution_id = ANY (%(rid)s::text[]) AND tr.execution_id = ti.execution_id
+  AND %(keep)s::bigint > 0 AND tr.idx < ti.next_index - %(keep)s::bigint"""
+        self.ack = {
+            table: f"DELETE FROM {s}.{table} WHERE seq = ANY (%s::int8[])"
+            for table in ("outbox", "spawns")
+        }
+        self.delete_timers = f"""
+DELETE FROM {s}.timers AS tm
+USING unnest(%s::text[], %s::text[], %s::float8[]) AS u (i, p, f)
+WHERE tm.execution_id = u.i AND tm.path = u.p AND tm.fire_at = u.f"""
+
+
+_CACHE: dict[str, _BatchSql] = {}
+
+
+def _sql(core: _Core) -> _BatchSql:
+    sql = _CACHE.get(core.schema)
+    if sql is None:
+        sql = _CACHE[core.schema] = _BatchSql(core.sql.schema)
+    return sql

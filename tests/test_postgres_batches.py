@@ -1,0 +1,269 @@
+"""What only PostgreSQL's batches have (issue 27): a batch of commits is one transaction of
+a fixed number of round trips whatever its size, with no savepoint; it sends one
+notification; it wakes ``wait_for_work`` in another process; processes committing
+overlapping batches lose no update and each CAS has exactly one winner; the async twin.
+
+The contract of ``commit_many`` on every store is in the cross-store tests; here each test
+works in a schema of its own on the session's ``pg_server``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import harel_store
+from harel_store import Commit, Execution, StaleWriter, StoreConflict, TimerOp
+
+psycopg = pytest.importorskip("psycopg")
+postgres = pytest.importorskip("harel_store.postgres")
+PostgresStore = postgres.PostgresStore
+AsyncPostgresStore = postgres.AsyncPostgresStore
+
+ROOT = str(Path(harel_store.__file__).resolve().parent.parent)
+
+
+@pytest.fixture
+def url(pg_server: Any) -> str:
+    return pg_server.url  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def opened(url: str, pg_schema: str) -> Iterator[Callable[..., Any]]:
+    made: list[Any] = []
+
+    def open_(**options: Any) -> Any:
+        options.setdefault("schema", pg_schema)
+        store = PostgresStore(options.pop("url", url), **options)
+        made.append(store)
+        return store
+
+    yield open_
+    for store in made:
+        store.close()
+
+
+def typical(exe: Any, k: int) -> Commit:
+    return Commit(
+        exe,
+        [("peer", {"k": k}), (None, {"audit": k})],
+        f"in-{exe.id}-{k}",
+        [TimerOp("schedule", "root/wait", 1000.0 + k)],
+        [(f"{exe.id}/child-{k}", "root/child", {"k": k})],
+        {"k": k},
+        commit_id=f"c-{exe.id}-{k}",
+    )
+
+
+def child(script: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finished(proc: subprocess.Popen[str], timeout: float = 120.0) -> str:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err
+    return out
+
+
+def test_a_batch_is_one_transaction_of_the_same_round_trips_whatever_its_size(
+    opened: Callable[..., Any], url: str
+) -> None:
+    from test_postgres import WireCounter
+
+    parts = psycopg.conninfo.conninfo_to_dict(url)
+    counter = WireCounter(parts.get("host") or "127.0.0.1", int(parts.get("port") or 5432))
+    try:
+        proxied = psycopg.conninfo.make_conninfo(
+            url, host="127.0.0.1", port=counter.port, sslmode="disable", gssencmode="disable"
+        )
+        store = opened(url=proxied, trace_max=3)
+        warm = [Execution(id=f"warm-{i}") for i in range(3)]
+        for k in range(2):  # the first batches prepare their statements
+            store.commit_many([typical(exe, k) for exe in warm])
+        costs = {}
+        for n, size in enumerate((10, 200, 10, 200)):
+            exes = [Execution(id=f"e{n}-{i}") for i in range(size)]
+            for k in range(2):  # the first creates the executions, the second updates them
+                before = counter.snapshot()
+                assert store.commit_many([typical(exe, k) for exe in exes]) == [None] * size
+                after = counter.snapshot()
+                idle = (after["Z"] - after["Z:T"]) - (before["Z"] - before["Z:T"])
+                assert idle == 1, "one transaction per batch"
+                costs[size, k] = after["Z"] - before["Z"]
+            assert all(exe.version == 2 for exe in exes)
+        assert costs[10, 0] == costs[200, 0] and costs[10, 1] == costs[200, 1], costs
+        assert max(costs.values()) <= 6, costs
+    finally:
+        counter.close()
+
+
+def test_a_batch_takes_no_savepoint_and_runs_a_fixed_number_of_statements(
+    opened: Callable[..., Any], url: str, pg_schema: str
+) -> None:
+    store = opened()
+
+    def statements(pattern: str) -> int:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            row = conn.execute(
+                "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query ILIKE %s",
+                (pattern,),
+            ).fetchone()
+        return int(row[0])
+
+    try:
+        statements("%")
+    except psycopg.Error:
+        pytest.skip("the server does not load pg_stat_statements")
+    exes = [Execution(id=f"x{i}") for i in range(300)]
+    store.commit_many([typical(exe, 0) for exe in exes])
+    savepoints, ours = statements("%savepoint%"), statements(f'%"{pg_schema}".%')
+    store.commit_many([typical(exe, 1) for exe in exes])
+    assert statements("%savepoint%") == savepoints
+    assert statements(f'%"{pg_schema}".%') - ours <= 4, "lock, create, write, trim"
+
+
+def test_a_batch_sends_one_notification(opened: Callable[..., Any], url: str) -> None:
+    store = opened()
+    with psycopg.connect(url, autocommit=True) as listener:
+        listener.execute(f'LISTEN "{store._core.channel}"')
+        exes = [Execution(id=f"n{i}") for i in range(50)]
+        store.commit_many([typical(exe, 0) for exe in exes])
+        store.commit_many([Commit(exe) for exe in exes])  # no work: no notification
+        listener.execute("SELECT 1")
+        got = list(listener.notifies(timeout=0.5))
+    assert len(got) == 1
+
+
+def test_a_batch_of_another_process_wakes_wait_for_work(
+    opened: Callable[..., Any], url: str, pg_schema: str
+) -> None:
+    store = opened()
+    assert store.wait_for_work(0.0) is False
+    proc = child(
+        """
+        import sys
+        from harel_store import Commit, Execution
+        from harel_store.postgres import PostgresStore
+        with PostgresStore(sys.argv[1], schema=sys.argv[2]) as store:
+            exes = [Execution(id=f"w{i}") for i in range(20)]
+            assert store.commit_many([Commit(e, [("t", {"i": 1})]) for e in exes]) == [None] * 20
+        """,
+        url,
+        pg_schema,
+    )
+    assert store.wait_for_work(60.0) is True
+    finished(proc)
+    assert len(store.pending_outbox()) == 20
+    assert store.wait_for_work(0.0) is False
+
+
+RACER = """
+import sys
+from harel_store import Commit, Execution, StoreConflict
+from harel_store.postgres import PostgresStore
+url, schema, me, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+ids = [f"r{i}" for i in range(6)]
+done = 0
+with PostgresStore(url, schema=schema) as store:
+    for r in range(rounds):
+        # overlapping batches: each round takes four of the six, in a rotating order
+        mine = [ids[(me + r + j) % 6] for j in range(4)]
+        batch = []
+        for eid in mine:
+            exe = store.load(eid) or Execution(id=eid, context={"n": 0})
+            exe.context = {"n": exe.context["n"] + 1}
+            batch.append(Commit(exe, [("log", {"by": me, "id": eid})], commit_id=f"{me}-{r}-{eid}"))
+        for outcome in store.commit_many(batch):
+            assert outcome is None or type(outcome) is StoreConflict, outcome
+            done += outcome is None
+print(done)
+"""
+
+
+def test_processes_committing_overlapping_batches_lose_no_update(
+    opened: Callable[..., Any], url: str, pg_schema: str
+) -> None:
+    store = opened()
+    procs = [child(RACER, url, pg_schema, str(me), "40") for me in range(4)]
+    applied = sum(int(finished(proc)) for proc in procs)
+    total = sum(store.load(f"r{i}").context["n"] for i in range(6))
+    assert total == applied == len(store.pending_outbox())
+    assert all(store.load(f"r{i}").version == store.load(f"r{i}").context["n"] for i in range(6))
+    assert applied > 40  # the race was real, and most rounds got through
+
+
+CAS = """
+import sys
+from harel_store import Commit, StoreConflict
+from harel_store.postgres import PostgresStore
+url, schema, me = sys.argv[1], sys.argv[2], sys.argv[3]
+with PostgresStore(url, schema=schema) as store:
+    exes = [store.load(f"k{i}") for i in range(50)]
+    sys.stdout.write("ready\\n"); sys.stdout.flush(); sys.stdin.readline()
+    outcomes = store.commit_many([Commit(exe, [("t", {"by": me})]) for exe in exes])
+    print("".join("w" if o is None else "l" for o in outcomes))
+"""
+
+
+def test_each_cas_of_racing_batches_has_exactly_one_winner(
+    opened: Callable[..., Any], url: str, pg_schema: str
+) -> None:
+    store = opened()
+    store.commit_many([Commit(Execution(id=f"k{i}")) for i in range(50)])
+    procs = []
+    for me in range(3):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CAS, url, pg_schema, str(me)],
+            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        procs.append(proc)
+    for proc in procs:  # all three go at once
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    rows = [finished(proc).strip() for proc in procs]
+    for i in range(50):
+        assert sum(row[i] == "w" for row in rows) == 1, rows
+    assert len(store.pending_outbox()) == 50
+    assert all(store.load(f"k{i}").version == 2 for i in range(50))
+
+
+def test_the_async_twin_commits_and_acks_in_batches(url: str, pg_schema: str) -> None:
+    async def main() -> None:
+        async with AsyncPostgresStore(url, schema=pg_schema) as store:
+            exes = [Execution(id=f"a{i}") for i in range(5)]
+            assert await store.commit_many([typical(exe, 0) for exe in exes]) == [None] * 5
+            old = Execution(id="a0")
+            await store.save(Execution(id="fenced"), epoch=9)
+            fenced = await store.load("fenced")
+            outcomes = await store.commit_many(
+                [Commit(old), typical(exes[1], 1), Commit(fenced, epoch=3)]
+            )
+            assert [type(o) for o in outcomes] == [StoreConflict, type(None), StaleWriter]
+            assert old.version == 0 and exes[1].version == 2 and fenced.version == 1
+            seqs = [e.seq for e in await store.pending_outbox()]
+            await store.ack_outbox_many(iter(seqs))
+            await store.ack_spawn_many([s.seq for s in await store.pending_spawns()])
+            await store.delete_timer_many(await store.due_timers(1e9))
+            stats = await store.stats()
+            assert (stats["outbox"], stats["spawns"], stats["timers"]) == (0, 0, 0)
+            with pytest.raises(TypeError, match=r"seqs\[1\]"):
+                await store.ack_outbox_many([1, "2"])
+
+    asyncio.run(main())

@@ -489,3 +489,9 @@ def timer_triples(timers: Any) -> list[tuple[Any, Any, float]]:
         hashable(path, "the path of timers[%d]", i)
         triples.append((execution_id, path, as_time(fire_at, f"the fire_at of timers[{i}]")))
     return triples
+
+
+def in_batch(exc: TypeError | ValueError, i: int) -> TypeError | ValueError:
+    """``exc``, raised by the checks of one commit of a batch, naming ``commits[i]``."""
+    kind = TypeError if isinstance(exc, TypeError) else ValueError
+    return kind(f"commits[{i}]: {exc}")

@@ -8,12 +8,14 @@ import functools
 import os
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from .. import _checks, _transfer
-from .._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
+from .._errors import StoreError
+from .._group import Group
+from .._records import DEFAULT_TRACE_MAX, Commit, OutboxEntry, SpawnEntry, TimerOp
 from ._connection import _closed, _options
 from ._store import _POLL_FIRST, _POLL_MAX, SqliteStore
 
@@ -55,7 +57,7 @@ class AsyncSqliteStore(_transfer.Uncopyable):
         clock: Callable[[], float] | None = None,
     ) -> None:
         self._closed = True
-        self._closing: Future[None] | None = None
+        self._closing: asyncio.Future[None] | None = None
         self._seen_work: int | None = None  # None: still the count read when it opened
         options = _options(path, trace_max, codec, synchronous, busy_timeout, clock)
         self._path = options[0]
@@ -70,6 +72,11 @@ class AsyncSqliteStore(_transfer.Uncopyable):
             busy_timeout=busy_timeout,
             clock=clock,
         )
+        # Group commit: what tasks issue while the thread writes goes in the next write.
+        self._commits: Group[Any] = Group(self._grouped("_commit_group"), key=_first)
+        self._outbox_acks: Group[Any] = Group(self._grouped("_ack_group", "outbox"))
+        self._spawn_acks: Group[Any] = Group(self._grouped("_ack_group", "spawns"))
+        self._timer_deletes: Group[Any] = Group(self._grouped("_delete_timer_group"))
         self._closed = False
         self._finalizer = weakref.finalize(self, self._pool.shutdown, wait=False)
 
@@ -120,17 +127,14 @@ class AsyncSqliteStore(_transfer.Uncopyable):
         commit_id: str | None = None,
         epoch: int | None = None,
     ) -> None:
-        await self._call(
-            "commit",
-            exe,
-            emits,
-            processed_event_id,
-            timers,
-            spawns,
-            trace,
-            commit_id=commit_id,
-            epoch=epoch,
-        )
+        if self._closed:
+            raise _closed()
+        args = (exe, emits, processed_event_id, timers, spawns, trace, commit_id, epoch)
+        _raise(await self._commits.run((_key(exe), args)))
+
+    async def commit_many(self, commits: Iterable[Commit]) -> list[StoreError | None]:
+        """:meth:`SqliteStore.commit_many`, in a transaction of its own."""
+        return await self._call("commit_many", commits)  # type: ignore[no-any-return]
 
     async def is_processed(self, execution_id: str, event_id: str) -> bool:
         return await self._call("is_processed", execution_id, event_id)  # type: ignore[no-any-return]
@@ -139,7 +143,12 @@ class AsyncSqliteStore(_transfer.Uncopyable):
         return await self._call("pending_outbox")  # type: ignore[no-any-return]
 
     async def ack_outbox(self, seq: int) -> None:
-        await self._call("ack_outbox", seq)
+        if self._closed:
+            raise _closed()
+        _raise(await self._outbox_acks.run(_checks.as_int(seq, "seq")))
+
+    async def ack_outbox_many(self, seqs: Iterable[int]) -> None:
+        await self._call("ack_outbox_many", seqs)
 
     async def claim_outbox(self, limit: int = 100, *, lease: float = 30.0) -> list[OutboxEntry]:
         return await self._call("claim_outbox", limit, lease=lease)  # type: ignore[no-any-return]
@@ -148,7 +157,12 @@ class AsyncSqliteStore(_transfer.Uncopyable):
         return await self._call("pending_spawns")  # type: ignore[no-any-return]
 
     async def ack_spawn(self, seq: int) -> None:
-        await self._call("ack_spawn", seq)
+        if self._closed:
+            raise _closed()
+        _raise(await self._spawn_acks.run(_checks.as_int(seq, "seq")))
+
+    async def ack_spawn_many(self, seqs: Iterable[int]) -> None:
+        await self._call("ack_spawn_many", seqs)
 
     async def claim_spawns(self, limit: int = 100, *, lease: float = 30.0) -> list[SpawnEntry]:
         return await self._call("claim_spawns", limit, lease=lease)  # type: ignore[no-any-return]
@@ -162,7 +176,13 @@ class AsyncSqliteStore(_transfer.Uncopyable):
         return await self._call("claim_due_timers", now, limit, lease=lease)  # type: ignore[no-any-return]
 
     async def delete_timer(self, execution_id: str, path: str, fire_at: float) -> None:
-        await self._call("delete_timer", execution_id, path, fire_at)
+        if self._closed:
+            raise _closed()
+        fire_at = _checks.as_time(fire_at, "fire_at")
+        _raise(await self._timer_deletes.run((execution_id, path, fire_at)))
+
+    async def delete_timer_many(self, timers: Iterable[tuple[str, str, float]]) -> None:
+        await self._call("delete_timer_many", timers)
 
     async def append_trace(self, execution_id: str, entry: Mapping[str, Any]) -> None:
         await self._call("append_trace", execution_id, entry)
@@ -207,10 +227,17 @@ class AsyncSqliteStore(_transfer.Uncopyable):
         if not self._closed:
             self._closed = True
             self._finalizer.detach()
-            self._closing = self._pool.submit(_close_opened, self._opening)
-            self._pool.shutdown(wait=False)
+            self._closing = asyncio.ensure_future(self._close_when_drained())
         if self._closing is not None:
-            await asyncio.shield(asyncio.wrap_future(self._closing))
+            await asyncio.shield(self._closing)
+
+    async def _close_when_drained(self) -> None:
+        """The close itself: after the group writes that callers are waiting for."""
+        for group in (self._commits, self._outbox_acks, self._spawn_acks, self._timer_deletes):
+            await group.wait()
+        closing = self._pool.submit(_close_opened, self._opening)
+        self._pool.shutdown(wait=False)
+        await asyncio.wrap_future(closing)
 
     def _record_trace(self, execution_id: str, entry: Mapping[str, Any]) -> None:
         """The plain-``def`` recorder, as on every store: it waits for the store's
@@ -219,6 +246,17 @@ class AsyncSqliteStore(_transfer.Uncopyable):
             raise _closed()
         call = functools.partial(self._invoke, "_record_trace", (execution_id, entry), {})
         self._pool.submit(contextvars.copy_context().run, call).result()
+
+    def _grouped(self, name: str, *head: Any) -> Callable[[list[Any]], Awaitable[list[Any]]]:
+        """The write of a group: the sync store's ``name`` on the store's thread."""
+
+        async def write(items: list[Any]) -> list[Any]:
+            # Not refused once closing: these calls were made before close().
+            call = functools.partial(self._invoke, name, (*head, items), {})
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._pool, contextvars.copy_context().run, call)
+
+        return write
 
     async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         return await self._submit(name, *args, **kwargs)
@@ -247,6 +285,26 @@ class AsyncSqliteStore(_transfer.Uncopyable):
     def _invoke(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """On the store's thread: the sync store's method (the open error, if any)."""
         return getattr(self._opening.result(), name)(*args, **kwargs)
+
+
+def _first(item: tuple[Any, ...]) -> Any:
+    return item[0]
+
+
+def _key(exe: Any) -> Any:
+    """What keeps two commits of one execution out of one group write; an id the store
+    will refuse gets a key of its own (the refusal is its caller's alone)."""
+    try:
+        eid = exe.id
+    except AttributeError:
+        return object()
+    return eid if type(eid) is str else object()
+
+
+def _raise(outcome: Any) -> None:
+    """A group outcome: ``None``, or the exception its caller raises."""
+    if outcome is not None:
+        raise outcome
 
 
 def _close_opened(opening: Future[SqliteStore]) -> None:

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from .. import _checks, _codec, _transfer
 from .._digest import body_digest
 from .._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError, reason
-from .._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
-from . import _copying
+from .._records import DEFAULT_TRACE_MAX, Commit, OutboxEntry, SpawnEntry, TimerOp
+from . import _batch, _copying
 from ._connection import (
     _begin,
     _closed,
@@ -237,6 +237,66 @@ class SqliteStore(_transfer.Uncopyable):
         """
         if self._conn is None:
             raise _closed()
+        p = self._prepare(exe, emits, processed_event_id, timers, spawns, trace, commit_id, epoch)
+        eid, version, digest, events = p.eid, p.version, p.digest, p.events
+
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise _closed()
+            _begin(conn, self._path)
+            try:
+                if digest is not None:
+                    done = conn.execute(_DONE, (eid, commit_id)).fetchone()
+                    if done is not None:
+                        conn.execute("ROLLBACK")
+                        if done[0] != digest:
+                            raise IdempotencyConflict(eid, p.commit_id)  # type: ignore[arg-type]
+                        _checks.set_version(exe, done[1])
+                        return
+                new = version + 1
+                _cas(conn, eid, version, p.blob, p.epoch)
+                if events:
+                    if len(events) == 1:
+                        conn.execute(_EMIT, events[0])
+                    else:
+                        conn.executemany(_EMIT, events)
+                if p.mark is not None:
+                    conn.execute(_MARK, (eid, p.mark))
+                for action, path, fire_at in p.timers:
+                    if action == "schedule":
+                        conn.execute(_ARM, (eid, path, fire_at))
+                    else:
+                        conn.execute(_DISARM, (eid, path))
+                if p.born:
+                    conn.executemany(_SPAWN, p.born)
+                if p.step is not None:
+                    self._push_step(conn, eid, p.step)
+                if digest is not None:
+                    conn.execute(_RECORD, (eid, p.commit_id, digest, new))
+                if events or p.born or p.armed:
+                    conn.execute(_BUMP)
+                _checks.set_version(exe, new)
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                _rollback(conn, exe, version)
+                if isinstance(exc, sqlite3.Error):
+                    raise _write_failed(self._path, exc) from exc
+                raise
+
+    def _prepare(
+        self,
+        exe: Any,
+        emits: Any,
+        processed_event_id: Any,
+        timers: Any,
+        spawns: Any,
+        trace: Any,
+        commit_id: Any,
+        epoch: Any,
+    ) -> _batch.Prepared:
+        """A commit checked and encoded, before any transaction: a value the codec refuses
+        is a TypeError naming it, and nothing is written."""
         eid = _checks.durable_exe_id(exe)
         body = _checks.commit_body(emits, processed_event_id, timers, spawns, trace, str_ids=True)
         if commit_id is not None:
@@ -271,49 +331,105 @@ class SqliteStore(_transfer.Uncopyable):
                 armed = True
                 break
 
+        return _batch.Prepared(
+            exe, eid, version, blob, epoch, events, body.processed_event_id, body.timers, born,
+            step, commit_id, digest, armed,
+        )  # fmt: skip
+
+    def commit_many(self, commits: Iterable[Commit]) -> list[StoreError | None]:
+        """Each :class:`~harel_store.Commit` as :meth:`commit` applies it, all in one
+        transaction (one fsync), written with one statement per table for the whole
+        batch: per commit ``None`` (applied, or a replay of its ``commit_id``) or the
+        :class:`~harel_store.StoreConflict`, :class:`~harel_store.StaleWriter` or
+        :class:`~harel_store.IdempotencyConflict` that :meth:`commit` would have raised,
+        which wrote nothing. Every commit is checked and encoded before the transaction:
+        bad input in any raises (naming ``commits[i]``) and writes nothing. Durable once
+        it returns; after a crash, all of its applied commits are there or none."""
+        if self._conn is None:
+            raise _closed()
+        return self._write_batch(self._prepare_batch(commits))
+
+    def _prepare_batch(self, commits: Any) -> list[_batch.Prepared]:
+        prepared = []
+        for i, c in enumerate(_checks.batch(commits)):
+            try:
+                prepared.append(self._prepare(*c))
+            except (TypeError, ValueError) as exc:
+                raise _checks.in_batch(exc, i) from exc
+        _checks.no_twins([p.eid for p in prepared])
+        return prepared
+
+    def _commit_group(self, items: list[tuple[Any, tuple[Any, ...]]]) -> list[Exception | None]:
+        """The commits of many callers (``AsyncSqliteStore``'s group commit) in one
+        transaction: each caller's outcome, its own bad input included; a lone one takes
+        :meth:`commit`'s path."""
+        if len(items) == 1:
+            exe, emits, mark, timers, spawns, trace, commit_id, epoch = items[0][1]
+            try:
+                self.commit(
+                    exe, emits, mark, timers, spawns, trace, commit_id=commit_id, epoch=epoch
+                )
+            except (TypeError, ValueError, IdempotencyConflict, StaleWriter, StoreConflict) as e:
+                return [e]
+            return [None]
+        outcomes: list[Exception | None] = [None] * len(items)
+        prepared, at = [], []
+        for i, (_, args) in enumerate(items):
+            try:
+                prepared.append(self._prepare(*args))
+            except (TypeError, ValueError) as exc:
+                outcomes[i] = exc
+            else:
+                at.append(i)
+        for i, outcome in zip(at, self._write_batch(prepared)):
+            outcomes[i] = outcome
+        return outcomes
+
+    def _ack_group(self, table: str, seqs: list[int]) -> list[None]:
+        self._delete_seqs(table, seqs)
+        return [None] * len(seqs)
+
+    def _delete_timer_group(self, triples: list[tuple[Any, Any, float]]) -> list[Exception | None]:
+        outcomes: list[Exception | None] = [None] * len(triples)
+        good = []
+        for i, (execution_id, path, fire_at) in enumerate(triples):
+            try:
+                _id(execution_id, "execution_id")
+                _id(path, "path")
+            except (TypeError, ValueError) as exc:
+                outcomes[i] = exc
+            else:
+                good.append((execution_id, path, fire_at))
+        self._write_many(
+            "DELETE FROM timers WHERE (execution_id, path, fire_at) IN (VALUES {})", good
+        )
+        return outcomes
+
+    def _write_batch(self, batch: list[_batch.Prepared]) -> list[StoreError | None]:
+        """Write prepared commits in one transaction; their outcomes."""
+        if not batch:
+            return []
         with self._lock:
             conn = self._conn
             if conn is None:
                 raise _closed()
             _begin(conn, self._path)
+            applied: list[_batch.Prepared] = []
             try:
-                if digest is not None:
-                    done = conn.execute(_DONE, (eid, commit_id)).fetchone()
-                    if done is not None:
-                        conn.execute("ROLLBACK")
-                        if done[0] != digest:
-                            raise IdempotencyConflict(eid, commit_id)  # type: ignore[arg-type]
-                        _checks.set_version(exe, done[1])
-                        return
-                new = version + 1
-                _cas(conn, eid, version, blob, epoch)
-                if events:
-                    if len(events) == 1:
-                        conn.execute(_EMIT, events[0])
-                    else:
-                        conn.executemany(_EMIT, events)
-                if body.processed_event_id is not None:
-                    conn.execute(_MARK, (eid, body.processed_event_id))
-                for action, path, fire_at in body.timers:
-                    if action == "schedule":
-                        conn.execute(_ARM, (eid, path, fire_at))
-                    else:
-                        conn.execute(_DISARM, (eid, path))
-                if born:
-                    conn.executemany(_SPAWN, born)
-                if step is not None:
-                    self._push_step(conn, eid, step)
-                if digest is not None:
-                    conn.execute(_RECORD, (eid, commit_id, digest, new))
-                if events or born or armed:
-                    conn.execute(_BUMP)
-                _checks.set_version(exe, new)
+                outcomes, applied, replays = _batch.write(conn, batch, self._trace_max)
+                for p in applied:
+                    _checks.set_version(p.exe, p.version + 1)
                 conn.execute("COMMIT")
             except BaseException as exc:
-                _rollback(conn, exe, version)
+                _rollback(conn)
+                for p in applied:
+                    _rollback(conn, p.exe, p.version)
                 if isinstance(exc, sqlite3.Error):
                     raise _write_failed(self._path, exc) from exc
                 raise
+        for p, version in replays:
+            _checks.set_version(p.exe, version)
+        return outcomes
 
     def is_processed(self, execution_id: str, event_id: str) -> bool:
         """Whether a commit of ``execution_id`` recorded ``event_id`` as handled."""
@@ -344,6 +460,10 @@ class SqliteStore(_transfer.Uncopyable):
         if _checks.INT64_MIN <= seq <= _checks.INT64_MAX:  # any other int is no seq of ours
             self._write_one("DELETE FROM outbox WHERE seq = ?", (seq,))
 
+    def ack_outbox_many(self, seqs: Iterable[int]) -> None:
+        """:meth:`ack_outbox` each of ``seqs``, in one transaction (all checked first)."""
+        self._delete_seqs("outbox", seqs)
+
     def claim_outbox(self, limit: int = 100, *, lease: float = 30.0) -> list[OutboxEntry]:
         """Lease up to ``limit`` unacked outbox entries that no live lease holds, oldest
         first, for ``lease`` seconds: until then no claim of any store object on this
@@ -366,6 +486,10 @@ class SqliteStore(_transfer.Uncopyable):
             seq = _checks.as_int(seq, "seq")
         if _checks.INT64_MIN <= seq <= _checks.INT64_MAX:  # any other int is no seq of ours
             self._write_one("DELETE FROM spawns WHERE seq = ?", (seq,))
+
+    def ack_spawn_many(self, seqs: Iterable[int]) -> None:
+        """:meth:`ack_spawn` each of ``seqs``, in one transaction (all checked first)."""
+        self._delete_seqs("spawns", seqs)
 
     def claim_spawns(self, limit: int = 100, *, lease: float = 30.0) -> list[SpawnEntry]:
         """:meth:`claim_outbox` for the spawn intents."""
@@ -428,6 +552,19 @@ class SqliteStore(_transfer.Uncopyable):
         self._write_one(
             "DELETE FROM timers WHERE execution_id = ? AND path = ? AND fire_at = ?",
             (execution_id, path, fire_at),
+        )
+
+    def delete_timer_many(self, timers: Iterable[tuple[str, str, float]]) -> None:
+        """:meth:`delete_timer` each ``(execution_id, path, fire_at)`` of ``timers``, in one
+        transaction (all checked first)."""
+        if self._conn is None:
+            raise _closed()
+        triples = _checks.timer_triples(timers)
+        for i, (execution_id, path, _) in enumerate(triples):
+            _id(execution_id, f"the execution id of timers[{i}]")
+            _id(path, f"the path of timers[{i}]")
+        self._write_many(
+            "DELETE FROM timers WHERE (execution_id, path, fire_at) IN (VALUES {})", triples
         )
 
     # --- trace -------------------------------------------------------------------------
@@ -646,6 +783,35 @@ class SqliteStore(_transfer.Uncopyable):
             _begin(conn, self._path)
             try:
                 conn.execute(sql, params)
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                _rollback(conn)
+                if isinstance(exc, sqlite3.Error):
+                    raise _write_failed(self._path, exc) from exc
+                raise
+
+    def _delete_seqs(self, table: str, seqs: Iterable[int]) -> None:
+        if self._conn is None:
+            raise _closed()
+        ours = [
+            (seq,)
+            for seq in _checks.seqs(seqs, "seqs")
+            if _checks.INT64_MIN <= seq <= _checks.INT64_MAX  # any other int is no seq of ours
+        ]
+        self._write_many(f"DELETE FROM {table} WHERE seq IN (VALUES {{}})", ours)
+
+    def _write_many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        """``sql`` for all ``rows`` (its ``{}`` being their ``VALUES`` list), a chunk per
+        statement, in one transaction."""
+        if not rows:
+            return
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise _closed()
+            _begin(conn, self._path)
+            try:
+                _batch.each_chunk(conn, sql, rows)
                 conn.execute("COMMIT")
             except BaseException as exc:
                 _rollback(conn)

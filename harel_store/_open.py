@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._protocols import AsyncExecutionStore, ExecutionStore
 from ._redact import redact  # the one redaction, below the stores that use it
 
 __all__ = ["SCHEMES", "open_async_store", "open_store", "private_store", "redact", "sqlite_file"]
@@ -98,7 +99,7 @@ def _postgres(rest: str, url: str, sync: bool, options: dict[str, Any]) -> Any:
 _OPENERS = {"memory": _memory, "sqlite": _sqlite, "postgresql": _postgres, "postgres": _postgres}
 
 
-def open_store(url: str, **options: Any) -> Any:
+def open_store(url: str, **options: Any) -> ExecutionStore:
     """The store ``url`` names, opened; ``options`` are its constructor's keywords
     (``trace_max``, ``codec``, ``synchronous``, ...; an unknown one is a ``TypeError``).
 
@@ -118,13 +119,15 @@ def open_store(url: str, **options: Any) -> Any:
     the ``postgres`` extra, and says so in an ``ImportError``. Every store is a context
     manager."""
     scheme, rest = _split(url)
-    return _OPENERS[scheme](rest, url, True, options)
+    store: ExecutionStore = _OPENERS[scheme](rest, url, True, options)
+    return store
 
 
-def open_async_store(url: str, **options: Any) -> Any:
+def open_async_store(url: str, **options: Any) -> AsyncExecutionStore:
     """The ``async`` twin of :func:`open_store`: :class:`~harel_store.AsyncDictStore`,
     :class:`~harel_store.sqlite.AsyncSqliteStore` or
     :class:`~harel_store.postgres.AsyncPostgresStore` for the same URLs and options. Every
     async store is an async context manager."""
     scheme, rest = _split(url)
-    return _OPENERS[scheme](rest, url, False, options)
+    store: AsyncExecutionStore = _OPENERS[scheme](rest, url, False, options)
+    return store

@@ -149,7 +149,7 @@ class _Host(Workflow):
         entries = store.pending_spawns()
         crashed = self._crashed_spawns
         for seq, parent_id, child_id, root_path, context in entries:
-            if store.load(child_id) is not None:
+            if store.load(str(child_id)) is not None:
                 self.spawns_skipped += 1  # created before a lost ack: create once only
                 crashed.discard(seq)
             else:

@@ -267,3 +267,76 @@ def test_the_async_twin_commits_and_acks_in_batches(url: str, pg_schema: str) ->
                 await store.ack_outbox_many([1, "2"])
 
     asyncio.run(main())
+
+
+def test_concurrent_tasks_share_transactions_each_getting_its_own_outcome(
+    url: str, pg_schema: str
+) -> None:
+    from test_postgres import WireCounter
+
+    parts = psycopg.conninfo.conninfo_to_dict(url)
+    counter = WireCounter(parts.get("host") or "127.0.0.1", int(parts.get("port") or 5432))
+    proxied = psycopg.conninfo.make_conninfo(
+        url, host="127.0.0.1", port=counter.port, sslmode="disable", gssencmode="disable"
+    )
+
+    async def main() -> None:
+        async with AsyncPostgresStore(proxied, schema=pg_schema) as store:
+            await store.save(Execution(id="stale"))
+            lone = Execution(id="lone")
+            await store.commit(lone, [("t", {})])  # prepares the statement
+            before = counter.snapshot()
+            await store.commit(lone, [("t", {})])  # a lone caller: one statement
+            after = counter.snapshot()
+            assert after["Z"] - before["Z"] == 1
+            exes = [Execution(id=f"g{i}") for i in range(64)]
+            before = counter.snapshot()
+            results = await asyncio.gather(
+                *(store.commit(exe, [("t", {"i": i})], f"in-{i}") for i, exe in enumerate(exes)),
+                store.commit(Execution(id="stale"), [("t", {})]),
+                store.commit_many([Commit(Execution(id="m1")), Commit(Execution(id="m2"))]),
+                store.ack_outbox_many([10**6]),
+                return_exceptions=True,
+            )
+            after = counter.snapshot()
+            transactions = (after["Z"] - after["Z:T"]) - (before["Z"] - before["Z:T"])
+            assert results[:64] == [None] * 64
+            assert type(results[64]) is StoreConflict
+            assert results[65] == [None, None] and results[66] is None
+            assert all(exe.version == 1 for exe in exes)
+            assert transactions <= 8, f"{transactions} transactions for 67 calls"
+            assert len(await store.pending_outbox()) == 66
+            assert all([await store.is_processed(f"g{i}", f"in-{i}") for i in range(64)])
+
+    try:
+        asyncio.run(main())
+    finally:
+        counter.close()
+
+
+def test_a_task_cancelled_in_a_group_lands_whole_or_not_at_all(url: str, pg_schema: str) -> None:
+    async def main() -> None:
+        async with AsyncPostgresStore(url, schema=pg_schema, pool_size=2) as store:
+            for round_ in range(5):
+                exes = [Execution(id=f"c{round_}-{i}") for i in range(40)]
+                tasks = [
+                    asyncio.ensure_future(store.commit(exe, [("t", {"i": i})], f"e{i}"))
+                    for i, exe in enumerate(exes)
+                ]
+                for k in range(round_ + 1):
+                    await asyncio.sleep(0)
+                for task in tasks[::3]:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                for i, (exe, task) in enumerate(zip(exes, tasks)):
+                    stored = await store.load(exe.id)
+                    marked = await store.is_processed(exe.id, f"e{i}")
+                    if not task.cancelled():
+                        assert stored is not None and stored.version == 1 == exe.version
+                    assert (stored is None) == (not marked), "whole or nothing"
+                targets = [e.event["i"] for e in await store.pending_outbox()]
+                landed = [i for i in range(40) if await store.load(f"c{round_}-{i}")]
+                assert sorted(targets) == landed
+                await store.ack_outbox_many(e.seq for e in await store.pending_outbox())
+
+    asyncio.run(main())

@@ -8,7 +8,7 @@ import contextlib
 import time
 import weakref
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import _checks, _transfer
 from .._errors import StoreError
@@ -17,6 +17,8 @@ from .._records import DEFAULT_TRACE_MAX, Commit, OutboxEntry, SpawnEntry, Timer
 if TYPE_CHECKING:
     from typing_extensions import Self
 
+from .._group import Group
+from . import _batch
 from ._connections import (
     _adapt,
     _arun_on,
@@ -36,6 +38,21 @@ from ._connections import (
 )
 from ._core import _NO_RETRY, _RECONNECT_FIRST, _RECONNECT_MAX, _closed, _Core, _import_psycopg
 from ._schema import DEFAULT_POOL_SIZE, DEFAULT_SCHEMA
+
+
+class _Item(NamedTuple):
+    """A caller's part of a group write, and the caller's task."""
+
+    name: str
+    part: Any
+    caller: asyncio.Task[Any] | None
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether its caller was asked to cancel (``Task.cancel`` counts that at once,
+        before the caller runs again; Python 3.10 does not count, and lands the write)."""
+        cancelling = getattr(self.caller, "cancelling", None)
+        return cancelling is not None and cancelling() > 0
 
 
 class AsyncPostgresStore(_transfer.Uncopyable):
@@ -75,6 +92,8 @@ class AsyncPostgresStore(_transfer.Uncopyable):
         self._opening: asyncio.Task[None] | None = None
         self._looks: set[asyncio.Future[None]] = set()  # wait_for_work's, running
         self._owed = False  # a wake-up taken and not yet returned
+        self._group: Group[_Item] | None = None  # the group commit of a loop
+        self._group_loop: asyncio.AbstractEventLoop | None = None
         weakref.finalize(self, self._pool.close_now)
         self._closed = False
 
@@ -109,7 +128,10 @@ class AsyncPostgresStore(_transfer.Uncopyable):
         return await self._run("load", execution_id)
 
     async def save(self, exe: Any, *, epoch: int | None = None) -> None:
-        await self._run("save", exe, epoch)
+        single = self._core.prepare_commit(exe, (), None, (), (), None, None, epoch)
+        outcome = await self._grouped("save", ("one", single))
+        if outcome is not None:
+            raise outcome
 
     async def commit(
         self,
@@ -123,13 +145,25 @@ class AsyncPostgresStore(_transfer.Uncopyable):
         commit_id: str | None = None,
         epoch: int | None = None,
     ) -> None:
-        await self._run(
-            "commit", exe, emits, processed_event_id, timers, spawns, trace, commit_id, epoch
+        """See :meth:`PostgresStore.commit`. Commits and acks of concurrent tasks share
+        transactions (group commit): each is checked and encoded in its caller, then
+        written with those of the others that came while the previous write was in
+        flight; a lone call is written at once, in one statement."""
+        single = self._core.prepare_commit(
+            exe, emits, processed_event_id, timers, spawns, trace, commit_id, epoch
         )
+        outcome = await self._grouped("commit", ("one", single))
+        if outcome is not None:
+            raise outcome
 
     async def commit_many(self, commits: Iterable[Commit]) -> list[StoreError | None]:
-        """See :meth:`PostgresStore.commit_many`."""
-        return await self._run("commit_many", commits)  # type: ignore[no-any-return]
+        """See :meth:`PostgresStore.commit_many`; the batch shares its transaction with
+        the commits and acks of concurrent tasks (see :meth:`commit`)."""
+        batch = _batch.prepare(self._core, commits)
+        if not batch:
+            return []
+        outcomes: list[StoreError | None] = await self._grouped("commit_many", ("many", batch))
+        return outcomes
 
     async def is_processed(self, execution_id: str, event_id: str) -> bool:
         return await self._run("is_processed", execution_id, event_id)  # type: ignore[no-any-return]
@@ -138,11 +172,13 @@ class AsyncPostgresStore(_transfer.Uncopyable):
         return await self._run("pending", "outbox")  # type: ignore[no-any-return]
 
     async def ack_outbox(self, seq: int) -> None:
-        await self._run("ack", "outbox", seq)
+        await self._ack("ack_outbox", "outbox", seq)
 
     async def ack_outbox_many(self, seqs: Iterable[int]) -> None:
         """See :meth:`PostgresStore.ack_outbox_many`."""
-        await self._run("ack_outbox_many", seqs)
+        kept = _batch.checked_seqs(seqs)
+        if kept:
+            await self._grouped("ack_outbox_many", ("delete", "outbox", kept))
 
     async def claim_outbox(self, limit: int = 100, *, lease: float = 30.0) -> list[OutboxEntry]:
         return await self._run("claim", "outbox", limit, lease)  # type: ignore[no-any-return]
@@ -151,11 +187,13 @@ class AsyncPostgresStore(_transfer.Uncopyable):
         return await self._run("pending", "spawns")  # type: ignore[no-any-return]
 
     async def ack_spawn(self, seq: int) -> None:
-        await self._run("ack", "spawns", seq)
+        await self._ack("ack_spawn", "spawns", seq)
 
     async def ack_spawn_many(self, seqs: Iterable[int]) -> None:
         """See :meth:`PostgresStore.ack_spawn_many`."""
-        await self._run("ack_spawn_many", seqs)
+        kept = _batch.checked_seqs(seqs)
+        if kept:
+            await self._grouped("ack_spawn_many", ("delete", "spawns", kept))
 
     async def claim_spawns(self, limit: int = 100, *, lease: float = 30.0) -> list[SpawnEntry]:
         return await self._run("claim", "spawns", limit, lease)  # type: ignore[no-any-return]
@@ -173,7 +211,9 @@ class AsyncPostgresStore(_transfer.Uncopyable):
 
     async def delete_timer_many(self, timers: Iterable[tuple[str, str, float]]) -> None:
         """See :meth:`PostgresStore.delete_timer_many`."""
-        await self._run("delete_timer_many", timers)
+        triples = _batch.checked_triples(timers)
+        if triples:
+            await self._grouped("delete_timer_many", ("delete", "timers", triples))
 
     async def append_trace(self, execution_id: str, entry: Mapping[str, Any]) -> None:
         await self._run("record_trace", execution_id, entry)
@@ -274,6 +314,9 @@ class AsyncPostgresStore(_transfer.Uncopyable):
         self._closed = True
         for look in list(self._looks):  # waiting on the listening connection
             look.cancel()
+        group = self._group
+        if group is not None and self._group_loop is asyncio.get_running_loop():
+            await group.wait()  # the writes already asked for land first
         await self._pool.close()
 
     def _record_trace(self, execution_id: str, entry: Mapping[str, Any]) -> None:
@@ -313,6 +356,65 @@ class AsyncPostgresStore(_transfer.Uncopyable):
             raise _failed(core, "_record_trace", exc, True) from exc
 
     # --- helpers -----------------------------------------------------------------------
+
+    async def _ack(self, name: str, table: str, seq: Any) -> None:
+        if type(seq) is not int:
+            seq = _checks.as_int(seq, "seq")
+        if _checks.INT64_MIN <= seq <= _checks.INT64_MAX:  # no other seq can be stored
+            await self._grouped(name, ("delete", table, [seq]))
+        elif self._closed:
+            raise _closed()
+
+    async def _grouped(self, name: str, part: Any) -> Any:
+        """``part``'s outcome, written by the group commit of this loop (see
+        :func:`._batch.write_group`)."""
+        if self._closed:
+            raise _closed()
+        if not self._opened:
+            await self._ready()
+        if part[0] == "one":
+            _batch.probe_version(part[1].exe)
+        elif part[0] == "many":
+            for p in part[1]:
+                _batch.probe_version(p.exe)
+        loop = asyncio.get_running_loop()
+        group = self._group
+        if group is None or self._group_loop is not loop:
+            group = self._group = Group(self._write_group)
+            self._group_loop = loop
+        return await group.run(_Item(name, part, asyncio.current_task()))
+
+    async def _write_group(self, items: list[_Item]) -> list[Any]:
+        """The group's write: every part in one transaction on one pooled connection.
+        The parts of callers cancelled while it waited for the connection are left out
+        (nothing of theirs written). A write of deletes alone may run twice, so it is
+        retried once, as ``_run`` retries."""
+        import psycopg
+
+        outcomes: list[Any] = [None] * len(items)
+        retry = False
+        for attempt in range(2):
+            conn = await self._pool.get()
+            try:
+                taken = [i for i, item in enumerate(items) if not item.cancelled]
+                if not taken:
+                    return outcomes
+                parts = [items[i].part for i in taken]
+                retry = all(part[0] == "delete" for part in parts)
+                op = _batch.write_group(self._core, parts)
+                written = await _arun_on(conn, op, next(op))
+                for i, outcome in zip(taken, written):
+                    outcomes[i] = outcome
+                return outcomes
+            except psycopg.Error as exc:
+                if _read_only(exc):
+                    await self._pool.drop_idle()
+                if attempt or not (retry and _may_retry(exc, "ack")):
+                    name = items[0].name if len(items) == 1 else "commit (a group write)"
+                    raise _failed(self._core, name, exc, not retry) from exc
+            finally:
+                await self._pool.put(conn)
+        raise AssertionError("unreachable")
 
     async def _run(self, name: str, *args: Any) -> Any:
         import psycopg

@@ -19,7 +19,7 @@ from .. import _checks
 from .._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError
 
 if TYPE_CHECKING:
-    from ._core import _Core
+    from ._core import _Core, _Single
 
 _Op = Generator[Any, Any, Any]
 _NO_EPOCH = -1  # an epoch is at least 0; the int8 array parameters hold no NULL
@@ -101,14 +101,27 @@ def _prepare_one(core: _Core, item: Any) -> _Prepared:
 
 def commit_many(core: _Core, commits: Any) -> _Op:
     """The operation of ``commit_many``: the outcome of each commit, in order."""
-    from ._core import _Blobs, _Floats, _Ints, _Query, _restore_version, _Texts
+    from ._core import _Query
 
     batch = prepare(core, commits)
     if not batch:
         return []
+    yield _Query("BEGIN", prepare=False)
+    outcomes, versions, _ = yield from _apply(core, batch, True)
+    yield from _commit(versions)
+    return outcomes
+
+
+def _apply(
+    core: _Core, batch: list[_Prepared], wake: bool
+) -> Generator[Any, Any, tuple[list[StoreError | None], list[tuple[_Prepared, int]], bool]]:
+    """The statements of ``batch`` inside a transaction: each commit's outcome, the
+    version each execution is to have once it commits, and whether it notified.
+    ``wake``: whether it may notify (a transaction sends one notification at most)."""
+    from ._core import _Blobs, _Floats, _Ints, _Query, _Texts
+
     sql = _sql(core)
     ids = sorted(p.eid for p in batch)
-    yield _Query("BEGIN", prepare=False)
     found = {eid: (v, e) for eid, v, e in (yield _Query(sql.lock, (_Texts(ids),), True))}
     new = sorted((p for p in batch if p.eid not in found), key=lambda p: p.eid)
     keyed = [p for p in batch if p.commit_id is not None and p.eid in found]
@@ -203,7 +216,7 @@ def commit_many(core: _Core, commits: Any) -> _Op:
                 "cidc": _Texts(p.commit_id for p in keyed),
                 "cidd": _Blobs(p.digest for p in keyed),
                 "cidv": _Ints(p.version + 1 for p in keyed),
-                "wake": bool(emits or arms or spawns),
+                "wake": wake and bool(emits or arms or spawns),
                 "channel": core.channel,
             },
             True,
@@ -213,8 +226,15 @@ def commit_many(core: _Core, commits: Any) -> _Op:
             # A statement of its own: its snapshot sees every step of the appends that
             # committed before the batch took the rings' locks.
             yield _Query(sql.trim, {"rid": _Texts(eid for eid, _ in steps), "keep": keep}, True)
-    # Set before the transaction commits: an execution that refuses its version (frozen,
-    # a setter that raises) rolls back the whole batch, nothing written.
+    return outcomes, versions, bool(applied) and wake and bool(emits or arms or spawns)
+
+
+def _commit(versions: list[tuple[_Prepared, int]]) -> _Op:
+    """Set each execution's version, then commit the transaction. Set before it commits:
+    an execution that refuses its version (frozen, a setter that raises) rolls back the
+    whole transaction, nothing written; a failed commit sets them back."""
+    from ._core import _Query, _restore_version
+
     set_so_far: list[_Prepared] = []
     try:
         for p, version in versions:
@@ -225,24 +245,48 @@ def commit_many(core: _Core, commits: Any) -> _Op:
         for p in set_so_far:
             _restore_version(p.exe, p.version)
         raise
-    return outcomes
 
 
 def ack_many(core: _Core, table: str, seqs: Any) -> _Op:
     """``ack_outbox_many``/``ack_spawn_many``: one statement, one transaction."""
-    from ._core import _Ints, _Query
-
-    values = _checks.seqs(seqs, "seqs")
-    kept = _Ints(sorted({s for s in values if _checks.INT64_MIN <= s <= _checks.INT64_MAX}))
+    kept = checked_seqs(seqs)
     if kept:
-        yield _Query(_sql(core).ack[table], (kept,), True)
+        yield _deletes(core, table, kept)
+
+
+def checked_seqs(seqs: Any) -> list[int]:
+    """The seqs of an ack, each an int; those no row can hold left out."""
+    values = _checks.seqs(seqs, "seqs")
+    return sorted({s for s in values if _checks.INT64_MIN <= s <= _checks.INT64_MAX})
+
+
+def _deletes(core: _Core, table: str, values: list[Any]) -> Any:
+    """The statement deleting ``values`` (seqs, or timer triples) from ``table``."""
+    from ._core import _Floats, _Ints, _Query, _Texts
+
+    sql = _sql(core)
+    if table == "timers":
+        values = sorted(values)
+        columns = (
+            _Texts(t[0] for t in values),
+            _Texts(t[1] for t in values),
+            _Floats(t[2] for t in values),
+        )
+        return _Query(sql.delete_timers, columns, True)
+    return _Query(sql.ack[table], (_Ints(sorted(set(values))),), True)
 
 
 def delete_timer_many(core: _Core, timers: Any) -> _Op:
     """``delete_timer_many``: each triple checked as ``delete_timer`` checks its
     arguments, then one statement, one transaction."""
-    from ._core import _Floats, _Query, _Texts
+    triples = checked_triples(timers)
+    if triples:
+        yield _deletes(core, "timers", triples)
 
+
+def checked_triples(timers: Any) -> list[tuple[str, str, float]]:
+    """The ``(execution_id, path, fire_at)`` triples of ``delete_timer_many``, each
+    checked as ``delete_timer`` checks its arguments."""
     triples = []
     for i, item in enumerate(_checks.snapshot(timers, "timers")):
         if not isinstance(item, tuple) or len(item) != 3:
@@ -256,17 +300,87 @@ def delete_timer_many(core: _Core, timers: Any) -> _Op:
         _checks.durable_key(execution_id, f"timers[{i}] execution_id")
         _checks.durable_key(path, f"timers[{i}] path")
         triples.append((execution_id, path, _checks.as_time(fire_at, f"timers[{i}] fire_at")))
-    if triples:
-        triples.sort()
-        yield _Query(
-            _sql(core).delete_timers,
-            (
-                _Texts(t[0] for t in triples),
-                _Texts(t[1] for t in triples),
-                _Floats(t[2] for t in triples),
-            ),
-            True,
-        )
+    return triples
+
+
+# --- group commit (AsyncPostgresStore) ----------------------------------------------------
+#
+# A part is what one caller hands the group: ("one", _Single) for commit and save,
+# ("many", [_Prepared, ...]) for commit_many, ("delete", table, values) for the acks and
+# the timer deletes; each checked and encoded by its caller.
+
+
+def probe_version(exe: Any) -> None:
+    """Refuse, in its caller, an execution whose version cannot be set (a grouped write
+    sets it for every caller at once, where its failure would be theirs too)."""
+    _checks.set_version(exe, exe.version)
+
+
+def from_single(single: _Single) -> _Prepared:
+    """A commit :meth:`~._core._Core.prepare_commit` made, as a batch takes it."""
+    params = single.params
+    return _Prepared(
+        single.exe, single.eid, single.version, single.epoch, params["body"], single.commit_id,
+        params["digest"][0] if params["digest"] else None,
+        list(zip(params["targets"], params["events"])),
+        params["pev"][0] if params["pev"] else None,
+        list(zip(params["arm"], params["at"])), list(params["disarm"]),
+        list(zip(params["children"], params["roots"], params["contexts"])),
+        params["step"][0] if params["step"] else None,
+    )  # fmt: skip
+
+
+def write_group(core: _Core, parts: list[Any]) -> _Op:
+    """The operation of a group write: every part in one transaction, one outcome per
+    part (``None``, a refusal, or a list of them for ``commit_many``). A lone commit is
+    its own statement, as ``commit`` writes it: a lone caller waits for nobody and pays
+    no more than ``commit`` alone."""
+    from ._core import _Query
+
+    if len(parts) == 1 and parts[0][0] == "one":
+        try:
+            yield from core.run_commit(parts[0][1])
+        except (StoreConflict, StaleWriter, IdempotencyConflict) as refused:
+            return [refused]
+        return [None]
+    if len(parts) == 1 and parts[0][0] == "delete":
+        _, table, values = parts[0]
+        yield _deletes(core, table, values)
+        return [None]
+    # Commits of one execution in two parts go in successive rounds, in their order.
+    rounds: list[list[tuple[int, int, _Prepared]]] = []
+    last: dict[str, int] = {}
+    deletes: dict[str, list[Any]] = {}
+    outcomes: list[Any] = []
+    for n, part in enumerate(parts):
+        if part[0] == "delete":
+            deletes.setdefault(part[1], []).extend(part[2])
+            outcomes.append(None)
+            continue
+        batch = [from_single(part[1])] if part[0] == "one" else part[1]
+        outcomes.append(None if part[0] == "one" else [None] * len(batch))
+        r = max((last.get(p.eid, -1) for p in batch), default=-1) + 1
+        while len(rounds) <= r:
+            rounds.append([])
+        for i, p in enumerate(batch):
+            last[p.eid] = r
+            rounds[r].append((n, i, p))
+    yield _Query("BEGIN", prepare=False)
+    versions: list[tuple[_Prepared, int]] = []
+    woke = False
+    for members in rounds:
+        results, set_, notified = yield from _apply(core, [p for _, _, p in members], not woke)
+        woke = woke or notified
+        versions.extend(set_)
+        for (n, i, _), result in zip(members, results):
+            if parts[n][0] == "one":
+                outcomes[n] = result
+            else:
+                outcomes[n][i] = result
+    for table, values in deletes.items():
+        yield _deletes(core, table, values)
+    yield from _commit(versions)
+    return outcomes
 
 
 class _BatchSql:

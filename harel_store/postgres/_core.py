@@ -85,6 +85,18 @@ _UNIQUE = object()
 _Op = Generator[_Query, Any, Any]
 
 
+class _Single(NamedTuple):
+    """One commit checked and encoded: the parameters of its statement."""
+
+    exe: Any
+    eid: str
+    version: int
+    shape: tuple[bool, bool, bool, bool, bool, bool]
+    params: dict[str, Any]
+    commit_id: str | None
+    epoch: int | None
+
+
 class _Core:
     """What the sync and async stores share: the checked options, the statements, and
     each operation as a generator that checks and encodes its arguments, yields the
@@ -279,6 +291,23 @@ class _Core:
         commit_id: Any,
         epoch: Any,
     ) -> _Op:
+        single = self.prepare_commit(
+            exe, emits, processed_event_id, timers, spawns, trace, commit_id, epoch
+        )
+        return (yield from self.run_commit(single))
+
+    def prepare_commit(
+        self,
+        exe: Any,
+        emits: Any,
+        processed_event_id: Any,
+        timers: Any,
+        spawns: Any,
+        trace: Any,
+        commit_id: Any,
+        epoch: Any,
+    ) -> _Single:
+        """A commit checked and encoded, before any I/O (:meth:`run_commit` writes it)."""
         eid = _checks.durable_exe_id(exe)
         body = _checks.commit_body(emits, processed_event_id, timers, spawns, trace, str_ids=True)
         if commit_id is not None:
@@ -352,6 +381,12 @@ class _Core:
             bool(children),
             bool(step),
         )
+        return _Single(exe, eid, version, shape, params, commit_id, epoch)
+
+    def run_commit(self, single: _Single) -> _Op:
+        """The statements of a commit :meth:`prepare_commit` made."""
+        exe, eid, version, shape, params, commit_id, epoch = single
+        keep = params["keep"]
         # The version is set before anything is written (as SQLite sets it inside its
         # transaction): an execution that refuses it (frozen, or a setter that raises)
         # is refused with nothing written. Anything but an applied commit sets it back,

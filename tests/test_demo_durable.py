@@ -64,9 +64,21 @@ def test_demo_on_a_sqlite_file(tmp_path: Path) -> None:
     assert "SqliteStore (harel_store.sqlite) at sqlite:///orders.db" in first
     assert "orders:      200 (" in proc.stdout
     assert "commits/s (SqliteStore)" in proc.stdout
+    assert "transitions/s" in proc.stdout and "(batched: one commit_many" in proc.stdout
     # A finished run leaves only its driver, and the database is ready for the next run.
     assert_finished(tmp_path / "orders.db")
     assert_ok(run_demo("--store", "sqlite:///orders.db", "-n", "20", "--quiet", cwd=tmp_path))
+    assert_finished(tmp_path / "orders.db")
+
+
+def test_no_batch_runs_one_commit_per_transition(tmp_path: Path) -> None:
+    """``--no-batch`` keeps the run of one commit per transition: same checks, same
+    outcome, and the report says which it was."""
+    proc = run_demo(
+        "--store", "sqlite:///orders.db", "-n", "200", "--quiet", "--no-batch", cwd=tmp_path
+    )
+    assert_ok(proc)
+    assert "not batched (--no-batch): one commit per transition" in proc.stdout
     assert_finished(tmp_path / "orders.db")
 
 
@@ -169,12 +181,26 @@ def assert_workers(proc: subprocess.CompletedProcess[str], n: int) -> None:
     assert f"relays and sweepers in {n} worker processes" in proc.stdout
 
 
-def test_workers_on_sqlite(tmp_path: Path) -> None:
+@pytest.mark.parametrize("batch", [True, False], ids=["batched", "no-batch"])
+def test_workers_on_sqlite(batch: bool, tmp_path: Path) -> None:
     proc = run_demo(
-        "--store", "sqlite:///orders.db", "--workers", "2", "-n", "200", "--quiet", cwd=tmp_path
+        "--store",
+        "sqlite:///orders.db",
+        "--workers",
+        "2",
+        "-n",
+        "200",
+        "--quiet",
+        *(() if batch else ("--no-batch",)),
+        cwd=tmp_path,
     )
     assert_workers(proc, 2)
     assert "orders:      200 (" in proc.stdout
+    rate = re.search(
+        r"^throughput: ([\d,]+) transitions/s, ([\d,]+) executions/s", proc.stdout, re.MULTILINE
+    )
+    assert rate is not None and int(rate[1].replace(",", "")) > 0, proc.stdout
+    assert ("(batched:" in proc.stdout) is batch
     assert_finished(tmp_path / "orders.db")
 
 
@@ -412,29 +438,55 @@ class CrashingStore:
         if self._left == 0:
             raise Crash
 
+    def commit_many(self, commits: Any) -> Any:
+        """A batch is one transaction: the crash at a commit inside it comes before the
+        whole batch lands, or after all of it landed."""
+        commits = list(commits)
+        hit = 0 < self._left <= len(commits)
+        self._left -= len(commits)
+        if hit and not self._landed:
+            raise Crash
+        outcomes = self._store.commit_many(commits)
+        if hit:
+            raise Crash
+        return outcomes
+
 
 @pytest.mark.parametrize(
-    ("at", "landed"),
-    [(40, True), (900, False), (1700, True), (-1, True)],
-    ids=["admitting", "mid-run", "late", "checked"],
+    ("at", "landed", "batch"),
+    [
+        (40, True, True),
+        (900, False, True),
+        (1700, True, True),
+        (-1, True, True),
+        (900, False, False),
+        (1700, True, False),
+    ],
+    ids=["admitting", "mid-run", "late", "checked", "mid-run-no-batch", "late-no-batch"],
 )
-def test_resume_after_a_crash_at_any_commit(at: int, landed: bool, tmp_path: Path) -> None:
+def test_resume_after_a_crash_at_any_commit(
+    at: int, landed: bool, batch: bool, tmp_path: Path
+) -> None:
     """Killed at a commit (before it lands, or after it landed and before the caller
-    heard of it), the run is finished by a resumed one from what the store holds. At
-    the last commit (-1), the one that records the run checked, the resumed run only
-    reports that and clears what is left of the run but its driver; a run without
-    --resume then starts a new one."""
+    heard of it; in a batch, before or after the whole batch), the run is finished by a
+    resumed one from what the store holds, batched or not. At the last commit (-1), the
+    one that records the run checked, the resumed run only reports that and clears what
+    is left of the run but its driver; a run without --resume then starts a new one."""
     from harel_store import DictStore
     from harel_store._demo.durable import Refused, run_durable
     from harel_store.sqlite import SqliteStore
 
     n = 120
-    last = run_durable(DictStore(), where="memory:", n=n)["commits"]
+    last = run_durable(DictStore(), where="memory:", n=n, batch=batch)["commits"]
     assert at < last
     path = tmp_path / "crash.db"
     with SqliteStore(path) as store, pytest.raises(Crash):
         run_durable(
-            CrashingStore(store, at if at > 0 else last, landed), where="crash.db", n=n, lease=0.05
+            CrashingStore(store, at if at > 0 else last, landed),
+            where="crash.db",
+            n=n,
+            lease=0.05,
+            batch=batch,
         )
     with SqliteStore(path) as store:
         if at != -1:

@@ -60,7 +60,7 @@ from time import perf_counter
 from typing import Any
 
 from .._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError
-from .._records import Execution, OutboxEntry, SpawnEntry
+from .._records import Commit, Execution, OutboxEntry, SpawnEntry
 from .result import DemoResult, WorkerReport, store_checks
 from .workflow import (
     EPOCH,
@@ -158,30 +158,11 @@ class _Writer(Workflow):
         what: str,
         epoch: int | None = None,
     ) -> None:
-        sends, timers, spawns = step
-        commit_id = f"{self.token}:{what}"
-        emits: list[tuple[Any, Event]] = []
-        if sends:
-            source = exe.id
-            prefix = f"{source}@{exe.version}."
-            emits = [
-                (target, (prefix + str(k), what, source, data))
-                for k, (target, what, data) in enumerate(sends)
-            ]
-        trace = {"event": kind, "from": before, "to": exe.active_path[-1], "at": self.now}
+        one = self.prepared(exe, step, processed_event_id, kind, before, what, epoch)
         commit = self.store.commit
         for attempt in range(RETRIES):
             try:
-                commit(
-                    exe,
-                    emits,
-                    processed_event_id,
-                    timers,
-                    spawns,
-                    trace,
-                    commit_id=commit_id,
-                    epoch=epoch,
-                )
+                commit(*one[:6], commit_id=one.commit_id, epoch=one.epoch)
                 break
             except (StoreConflict, IdempotencyConflict, StaleWriter):
                 raise
@@ -192,6 +173,47 @@ class _Writer(Workflow):
                     raise
                 time.sleep(0.05 * 2**attempt)
         self.commits += 1
+
+    def prepared(
+        self,
+        exe: Any,
+        step: Step,
+        processed_event_id: str | None,
+        kind: str,
+        before: str,
+        what: str,
+        epoch: int | None = None,
+    ) -> Commit:
+        """The :class:`~harel_store.Commit` of one transition, as :meth:`commit` writes it."""
+        sends, timers, spawns = step
+        emits: list[tuple[Any, Event]] = []
+        if sends:
+            source = exe.id
+            prefix = f"{source}@{exe.version}."
+            emits = [
+                (target, (prefix + str(k), what, source, data))
+                for k, (target, what, data) in enumerate(sends)
+            ]
+        trace = {"event": kind, "from": before, "to": exe.active_path[-1], "at": self.now}
+        return Commit(
+            exe, emits, processed_event_id, timers, spawns, trace, f"{self.token}:{what}", epoch
+        )
+
+    def commit_many(self, commits: list[Commit]) -> list[StoreError | None]:
+        """:meth:`commit` for a batch (no two of one execution): one outcome each, an
+        unknown outcome retried as :meth:`commit` retries it."""
+        for attempt in range(RETRIES):
+            try:
+                outcomes: list[StoreError | None] = self.store.commit_many(commits)
+                break
+            except (StoreConflict, IdempotencyConflict, StaleWriter):
+                raise
+            except StoreError:
+                if attempt == RETRIES - 1:
+                    raise
+                time.sleep(0.05 * 2**attempt)
+        self.commits += sum(outcome is None for outcome in outcomes)
+        return outcomes
 
     def create(self, exe: Execution, first: tuple[Any, str, Any] | None) -> bool:
         """Store a new execution, with the event that starts it; ``False`` when it is
@@ -446,9 +468,10 @@ class Coordinator(_Writer):
     """Opens or resumes the run recorded in the store, moves its clock, admits orders,
     and checks and clears the store at the end. One per run."""
 
-    def __init__(self, store: Any, where: str) -> None:
+    def __init__(self, store: Any, where: str, *, batch: bool = True) -> None:
         super().__init__(store)
         self.where = where
+        self.batch = batch  # admit each tick's orders with commit_many, else one by one
         self.resumed = False
         self.note = ""
         self.created = 0
@@ -592,10 +615,24 @@ class Coordinator(_Writer):
     def _admit(self, first: int, last: int, again: bool = False) -> None:
         drawn = self.fates
         load = self.store.load
-        for i in range(first, last):
-            order = new_order(i, drawn[i])
-            if again and load(order.id) is not None:
-                continue
+        orders = [new_order(i, drawn[i]) for i in range(first, last)]
+        if again:
+            orders = [order for order in orders if load(order.id) is None]
+        if self.batch:
+            for k in range(0, len(orders), CLAIM):
+                commits = [
+                    self.prepared(
+                        order, ([(order.id, "place", None)], (), ()), None, "created", "", "created"
+                    )
+                    for order in orders[k : k + CLAIM]
+                ]
+                for outcome in self.commit_many(commits):
+                    if outcome is None:
+                        self.created += 1
+                    elif not isinstance(outcome, StoreConflict):  # conflict: there already
+                        raise outcome
+            return
+        for order in orders:
             if self.create(order, (order.id, "place", None)):
                 self.created += 1
 
@@ -849,6 +886,7 @@ def run_durable(
     progress: Callable[[int, int], None] | None = None,
     waiting: Callable[[int], None] | None = None,
     coordinator: Coordinator | None = None,
+    batch: bool = True,
 ) -> DemoResult:
     """Run the demonstration in this process on a durable ``store`` (``where`` names it
     in messages): start a run in an empty store (or one whose run has finished), or
@@ -858,13 +896,18 @@ def run_durable(
 
     ``progress(finished, n)`` is called at every tick; ``waiting(items)`` when the run
     starts waiting for work that a stopped process claimed (``items`` of it) to be
-    claimable again, as the claims' leases run out."""
-    coord = coordinator or Coordinator(store, where)
+    claimable again, as the claims' leases run out. ``batch`` (the default) writes what
+    a relay handles in a round with ``commit_many`` and the batch acks
+    (:class:`~.batched.BatchRelay`); ``False`` writes each transition with its own
+    ``commit`` and each ack on its own."""
+    from .batched import BatchRelay  # it builds on Relay, defined here
+
+    coord = coordinator or Coordinator(store, where, batch=batch)
     if coordinator is None:
         coord.open(n, seed, resume)
     if coord.phase == "done":
         return coord.conclude_finished()
-    relay = Relay(store, lease=lease)
+    relay = (BatchRelay if batch else Relay)(store, lease=lease)
     start = perf_counter()
     pause = 0.001
     stalled = False

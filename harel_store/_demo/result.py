@@ -65,6 +65,7 @@ class DemoResult(TypedDict, total=False):
     finished_before: int  # orders finished by the runs before this one (a resumed run)
     runs: int
     conflicts: int
+    batched: bool  # a durable run's relays wrote with commit_many and the batch acks
     workers: list[WorkerReport]
 
 

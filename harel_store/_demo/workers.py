@@ -25,6 +25,7 @@ from time import perf_counter
 from typing import Any
 
 from .._open import open_store
+from .batched import BatchRelay
 from .durable import LEASE, Coordinator, Relay
 from .result import DemoResult, WorkerReport
 
@@ -57,11 +58,13 @@ def run_workers(
     lease: float = LEASE,
     progress: Callable[[int, int], None] | None = None,
     waiting: Callable[[int], None] | None = None,
+    batch: bool = True,
 ) -> DemoResult:
     """Run the demonstration opened by ``coord`` (on the store of ``url``) with its
     relays in ``workers`` processes. ``progress`` and ``waiting`` are called as by
     :func:`~.durable.run_durable` (``waiting`` when the work left has not changed for
-    :data:`STALL` seconds: claimed by a process that stopped).
+    :data:`STALL` seconds: claimed by a process that stopped). ``batch`` as there: the
+    workers run :class:`~.batched.BatchRelay`, or with ``False`` :class:`~.durable.Relay`.
 
     Cut short by an exception (a signal, a store error), the workers are stopped with
     SIGTERM, killed after :data:`HALT_TIMEOUT` seconds, and the exception goes on: the
@@ -82,7 +85,7 @@ def run_workers(
                 pipes.append(receive)
                 proc = context.Process(
                     target=work,
-                    args=(url, k, lease, send, os.getpid()),
+                    args=(url, k, lease, send, os.getpid(), batch),
                     name=f"harel-store-demo-worker-{k}",
                     daemon=True,
                 )
@@ -214,24 +217,28 @@ def _failed(
     return report, {}
 
 
-def work(url: str, worker: int, lease: float, results: Any, parent: int) -> None:
+def work(
+    url: str, worker: int, lease: float, results: Any, parent: int, batch: bool = True
+) -> None:
     """A worker process: relay until the run is over or the coordinator is gone, or
     until SIGTERM (the coordinator's, when the run is cut short: what the worker claimed
     goes to the resumed run as the leases run out). SIGINT is the coordinator's to
     handle."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _Stop.ask)
-    report = _relay(url, worker, lease, parent)
+    report = _relay(url, worker, lease, parent, batch)
     if _Stop.asked:
         return
     with results, contextlib.suppress(OSError):  # a coordinator killed hears nothing
         results.send(report)
 
 
-def _relay(url: str, worker: int, lease: float, parent: int) -> tuple[WorkerReport, dict[str, int]]:
+def _relay(
+    url: str, worker: int, lease: float, parent: int, batch: bool
+) -> tuple[WorkerReport, dict[str, int]]:
     try:
         with open_store(url) as store:
-            relay = Relay(store, lease=lease, stopped=_Stop.seen)
+            relay = (BatchRelay if batch else Relay)(store, lease=lease, stopped=_Stop.seen)
             start = perf_counter()
             while not _Stop.asked:
                 did = relay.round()

@@ -117,6 +117,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "go to the resumed run, or to the other workers, after this (default: %(default)g)",
     )
     parser.add_argument(
+        "--no-batch",
+        action="store_true",
+        help="on a durable store, write each transition with its own commit and each ack "
+        "on its own, as an engine that does not batch (default: the relays write what "
+        "they claimed with one commit_many per wave and the batch acks)",
+    )
+    parser.add_argument(
         "--pure",
         action="store_true",
         help="use the pure-Python store even if the compiled one loads (memory: only)",
@@ -289,7 +296,7 @@ def _durable(args: argparse.Namespace, url: StoreURL) -> int:
                     raise UsageError(
                         f"--resume needs a database that outlives the process: {where}"
                     )
-            coord = Coordinator(sheltered, where)
+            coord = Coordinator(sheltered, where, batch=not args.no_batch)
             try:
                 coord.open(args.executions, args.seed, args.resume, default_n=default_orders(store))
             except Refused as exc:
@@ -322,12 +329,14 @@ def _durable(args: argparse.Namespace, url: StoreURL) -> int:
                     lease=args.lease,
                     progress=progress,
                     waiting=progress.waiting,
+                    batch=not args.no_batch,
                 )
             else:
                 result = run_durable(
                     sheltered,
                     where=where,
                     coordinator=coord,
+                    batch=not args.no_batch,
                     lease=args.lease,
                     progress=progress,
                     waiting=progress.waiting,
@@ -336,6 +345,7 @@ def _durable(args: argparse.Namespace, url: StoreURL) -> int:
             with deferred():
                 store.close()
         poll()
+        result["batched"] = not args.no_batch
         return _report(result, kind)
     except SIGNALS as exc:
         if result is not None:
@@ -446,6 +456,16 @@ def _report(result: DemoResult, what: str) -> int:
             f"{worker['events_delivered']:,} events delivered, {worker['timers_fired']:,} "
             f"timers fired, {worker['children_created']:,} children created, "
             f"{worker['orders_retired']:,} orders retired, {worker['conflicts']:,} conflicts"
+        )
+    if "batched" in result:
+        how = (
+            "batched: one commit_many per wave of a relay's round, batch acks"
+            if result["batched"]
+            else "not batched (--no-batch): one commit per transition, one ack per item"
+        )
+        print(
+            f"throughput: {result['commits_per_s']:,.0f} transitions/s, "
+            f"{result['executions_per_s']:,.0f} executions/s ({how})"
         )
     print(
         f"elapsed {result['elapsed']:.3f} s: {result['orders_per_s']:,.0f} orders/s, "

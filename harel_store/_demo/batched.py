@@ -1,0 +1,215 @@
+"""The relay of :mod:`.durable` batched as an engine batches: a round claims outbox
+entries, spawn intents and due timers, handles them all, writes the transitions with
+one ``commit_many`` per wave and acks with one ``ack_outbox_many``, ``ack_spawn_many``
+and ``delete_timer_many`` at the end.
+
+Two transitions of one execution cannot share a batch (each is a compare-and-set on the
+version the other moves), so the work of a round goes in waves: each wave holds the
+next transition of every execution that has work left, and the shared executions (the
+two services, the ledger) take one wave per event they receive. A transition refused
+by a ``StoreConflict`` (another process committed its execution meanwhile) is handled
+again on a fresh copy in the next wave; an execution whose transition was applied is
+not loaded again for its next one in the same round (its copy is the stored one).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from .._errors import StoreConflict, StoreError
+from .._records import Commit
+from .durable import DRIVER, LEDGER, Relay
+from .workflow import NOTHING, REDELIVER_EVERY, RESPAWN_EVERY, Event, add_problem, new_child
+
+_Prepare = Callable[[Any], Commit | None]
+
+
+class _Job:
+    """One transition to make on ``target``: ``prepare(exe)`` turns the stored copy (or
+    ``None``) into its commit, or returns ``None`` when there is nothing to commit (the
+    event was handled before); ``applied()`` runs once its commit is applied."""
+
+    __slots__ = ("applied", "prepare", "target")
+
+    def __init__(self, target: Any, prepare: _Prepare, applied: Callable[[], None]) -> None:
+        self.target = target
+        self.prepare = prepare
+        self.applied = applied
+
+
+class BatchRelay(Relay):
+    """:class:`~.durable.Relay` with its writes batched: see the module's docstring."""
+
+    def round(self) -> int:
+        store = self.store
+        done = self._redeliver()
+        outbox = store.claim_outbox(self.limit, lease=self.lease)
+        spawns = store.claim_spawns(self.limit, lease=self.lease)
+        driver = store.load(DRIVER)
+        if driver is None:  # the run is over and forgotten
+            self.phase = "gone"
+            return done
+        self.phase = driver.context["phase"]
+        self.now = now = driver.context["now"]
+        timers = store.claim_due_timers(now, self.limit, lease=self.lease)
+        jobs: list[_Job] = []
+        acks: list[int] = []
+        spawn_acks: list[int] = []
+        for execution_id, path, fire_at in timers:
+            event = (f"timeout:{path}@{fire_at}", "timeout", None, path)
+            jobs.append(self._delivery(execution_id, event, self._fired))
+        for entry in spawns:
+            jobs.append(self._spawning(entry, spawn_acks))
+        for entry in outbox:
+            seq, target, event = entry
+            if target is None:
+                if event[1] == "order_finished":
+                    jobs.append(self._retiring(event))
+            else:
+                jobs.append(self._delivery(target, event, _nothing))
+                if seq % REDELIVER_EVERY == 0:
+                    self._lost_acks.append(entry)  # the ack is lost: delivered again next round
+                    self.outbox_crashes += 1
+                    continue
+            acks.append(seq)
+        if not self.waves(jobs):
+            return done
+        if timers:
+            store.delete_timer_many(timers)
+        if spawn_acks:
+            store.ack_spawn_many(spawn_acks)
+        if acks:
+            store.ack_outbox_many(acks)
+        return done + len(timers) + len(spawns) + len(outbox)
+
+    def waves(self, jobs: list[_Job]) -> bool:
+        """Make every transition of ``jobs``, each execution's in their order; ``False``
+        if :attr:`stopped` said to stop first."""
+        queues: dict[Any, deque[_Job]] = {}
+        for job in jobs:
+            queues.setdefault(job.target, deque()).append(job)
+        load = self.store.load
+        fresh: dict[Any, Any] = {}  # copies known to be the stored ones
+        refused = 0
+        while queues:
+            if self.stopped():
+                return False
+            commits: list[Commit] = []
+            targets: list[Any] = []
+            for target in list(queues):
+                queue = queues[target]
+                while queue:
+                    exe = fresh[target] if target in fresh else load(target)
+                    fresh[target] = exe
+                    commit = queue[0].prepare(exe)
+                    if commit is not None:
+                        commits.append(commit)
+                        targets.append(target)
+                        break
+                    queue.popleft()
+                if not queue:
+                    del queues[target]
+            if not commits:
+                break
+            conflicts = 0
+            outcomes = self.commit_many(commits)
+            for target, commit, outcome in zip(targets, commits, outcomes, strict=True):
+                if outcome is None:
+                    fresh[target] = commit.exe  # its version moved with the commit
+                    queue = queues[target]
+                    queue.popleft().applied()
+                    if not queue:
+                        del queues[target]
+                elif isinstance(outcome, StoreConflict):
+                    del fresh[target]
+                    conflicts += 1
+                else:
+                    raise outcome
+            self.conflicts += conflicts
+            refused = refused + 1 if conflicts == len(commits) else 0
+            if refused > 2:  # only conflicts, again: let the other writer through
+                time.sleep(random.random() * 0.001 * refused)
+        return True
+
+    # -- the jobs ---------------------------------------------------------------------
+
+    def _fired(self) -> None:
+        self.timers_fired += 1
+
+    def _delivery(self, target: Any, event: Event, then: Callable[[], None]) -> _Job:
+        event_id = event[0]
+
+        def prepare(exe: Any) -> Commit | None:
+            if exe is None:
+                self.dead_letters += 1
+                return None
+            if self.store.is_processed(target, event_id):
+                self.redeliveries_skipped += 1
+                return None
+            before = exe.active_path[-1]
+            step = self.handlers[exe.definition_id](exe, event)
+            return self.prepared(exe, step, event_id, event[1], before, event_id)
+
+        def applied() -> None:
+            self.delivered += 1
+            then()
+
+        return _Job(target, prepare, applied)
+
+    def _spawning(self, entry: Any, acks: list[int]) -> _Job:
+        seq, parent_id, child_id, root_path, context = entry
+
+        def prepare(exe: Any) -> Commit | None:
+            if exe is not None:  # created before, by this round or another
+                self.spawns_skipped += 1
+                acks.append(seq)
+                return None
+            child = new_child(parent_id, child_id, root_path, context)
+            step = ([(child_id, "start", None)], (), ())
+            return self.prepared(child, step, None, "created", "", "created")
+
+        def applied() -> None:
+            self.children_created += 1
+            if seq % RESPAWN_EVERY == 0:
+                self._lost_spawn_acks.append(entry)
+                self.spawn_crashes += 1
+            else:
+                acks.append(seq)
+
+        return _Job(child_id, prepare, applied)
+
+    def _retiring(self, event: Event) -> _Job:
+        event_id, order_id = event[0], event[2]
+        tally: list[dict[str, Any]] = []  # read once, however many tries
+
+        def prepare(ledger: Any) -> Commit | None:
+            if ledger is None:
+                raise StoreError(f"{LEDGER} is missing from the store")
+            if self.store.is_processed(LEDGER, event_id):
+                self.redeliveries_skipped += 1
+                return None
+            if not tally:
+                tally.append(self._tally(order_id))
+            context = ledger.context
+            context["finished"] += 1
+            context["retired"].append(order_id)
+            for key, value in tally[0].items():
+                if key == "problems":
+                    for text in value:
+                        add_problem(context["problems"], text)
+                else:
+                    context[key] += value
+            return self.prepared(ledger, NOTHING, event_id, "order_finished", "open", event_id)
+
+        def applied() -> None:
+            self.retired += 1
+
+        return _Job(LEDGER, prepare, applied)
+
+
+def _nothing() -> None:
+    pass

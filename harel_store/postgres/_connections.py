@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import math
 import select
-import threading
 import time
 from typing import Any
 
@@ -328,6 +328,7 @@ _SETUP = {
     "3D000": "the database does not exist",
 }
 _LOST = "the connection was lost"
+_log = logging.getLogger("harel_store.postgres")
 _CONDEMNING = frozenset(["25006", "57P01", "57P02", "57P03"])
 
 
@@ -495,155 +496,121 @@ def _said(core: _Core, exc: BaseException, connecting: bool = False) -> str:
 
 
 class _Pool:
-    """The sync store's connections: at most ``pool_size``, kept open between calls and
-    checked without a round trip as they are taken (:func:`_idle_sound`); a new one is
-    made in the calling thread when none is idle, trying again until ``timeout`` while
-    the server cannot be reached, so the first call after a restart reconnects. (psycopg-
-    pool reconnects in the background, with a back-off that can keep calls waiting for
-    seconds after the server is back.)"""
+    """The sync store's connections, on psycopg-pool's ``ConnectionPool``: at most
+    ``pool_size``, one kept open, each replaced after ``max_lifetime`` seconds.
 
-    __slots__ = ("_core", "_freed", "_idle", "_open", "_waiters", "closed", "listener")
+    The store checks a connection itself as it takes it (:func:`_idle_sound`, no round
+    trip) rather than through the pool's ``check`` callback: psycopg-pool sleeps with
+    back-off (a second, then two...) after each connection that fails its check, so
+    after a restart, with every idle connection dead, a call would wait seconds per
+    dead connection. A dead one is closed and handed back, and the next is taken at
+    once. When no connection comes in time because none can be made, one attempt in
+    the calling thread says why (the pool's workers only log it)."""
 
-    def __init__(self, core: _Core) -> None:
+    __slots__ = ("_core", "_pool", "closed", "listener")
+
+    def __init__(self, core: _Core, max_lifetime: float) -> None:
+        from psycopg_pool import ConnectionPool
+
         self._core = core
-        self._idle: list[Any] = []
-        self._open = 0  # connections made and not closed: idle, in use, or being made
-        self._freed = threading.Condition(threading.Lock())
-        # The threads waiting for a connection, oldest first: each a turn [handed, conn],
-        # handed a connection, or None: room to make one.
-        self._waiters: collections.deque[list[Any]] = collections.deque()
         self.closed = False
         self.listener: Any = None  # wait_for_work's connection, outside the count
+        self._pool: Any = ConnectionPool(
+            core.conninfo,
+            kwargs=_connect_kwargs(core),
+            min_size=1,
+            max_size=core.pool_size,
+            configure=_adapt,
+            timeout=core.timeout,
+            max_lifetime=max_lifetime,
+            name=f"harel_store {core.describe()}",
+            open=True,
+        )
+        from psycopg_pool import PoolTimeout
 
-    def adopt(self, conn: Any) -> None:
-        """Keep ``conn`` (opened by the store) as an idle connection."""
-        with self._freed:
-            self._open += 1
-            self._give(conn)
-
-    def get(self) -> Any:
-        """An idle connection, or a new one; raises ``StoreError`` when none comes
-        within the store's ``timeout``. Threads that wait are served in the order they
-        came: a connection put back goes to the one that has waited longest."""
-        core = self._core
-        deadline = None  # read from the clock only when there is a wait
-        while True:
-            with self._freed:
-                if self.closed:
-                    raise _closed()
-                if self._waiters:
-                    conn = None  # in line behind them
-                elif self._idle:
-                    conn = self._idle.pop()
-                elif self._open < core.pool_size:
-                    self._open += 1
-                    break
-                else:
-                    conn = None
-                if conn is None:
-                    if deadline is None:
-                        deadline = time.monotonic() + core.timeout
-                    turn = [False, None]
-                    self._waiters.append(turn)
-                    while not (turn[0] or self.closed):
-                        left = deadline - time.monotonic()
-                        if left <= 0.0:
-                            break
-                        self._freed.wait(left)
-                    if not turn[0]:
-                        self._waiters.remove(turn)
-                        if self.closed:
-                            raise _closed()
-                        raise StoreError(
-                            f"no connection to PostgreSQL ({core.describe()}) within "
-                            f"{core.timeout:g} s: all {core.pool_size} of pool_size are in use"
-                        )
-                    conn = turn[1]
-                    if conn is None:  # room for a new connection, kept for this thread
-                        break
-            if _idle_sound(conn):
-                return conn
-            self._discard(conn)
-        if deadline is None:
-            deadline = time.monotonic() + core.timeout
-        try:
-            return self._connect(deadline)
+        try:  # the first call finds its connection made, not a second one on the way
+            self._pool.wait(core.timeout)
+        except PoolTimeout:
+            error = self._no_connection()
+            self.close()
+            raise error from None
         except BaseException:
-            self._discard(None)
+            self.close()
             raise
 
-    def put(self, conn: Any) -> None:
-        """Take back a connection from :meth:`get`: handed to the thread that has waited
-        longest, else kept idle, when it is idle and sound."""
-        broken = conn.closed or conn.pgconn.status != _CONN_OK
-        with self._freed:
-            if not (self.closed or broken or _in_transaction(conn)):
-                self._give(conn)
-                return
-        self._discard(conn)
+    def get(self) -> Any:
+        """A sound connection; raises ``StoreError`` when none comes within the store's
+        ``timeout``."""
+        from psycopg_pool import PoolClosed, PoolTimeout
 
-    def _give(self, conn: Any) -> None:
-        """With the lock held: ``conn`` to the longest waiting thread, else idle."""
-        if self._waiters:
-            turn = self._waiters.popleft()
-            turn[0], turn[1] = True, conn
-            self._freed.notify_all()
-        else:
-            self._idle.append(conn)
+        core = self._core
+        deadline = time.monotonic() + core.timeout
+        while True:
+            if self.closed:
+                raise _closed()
+            try:
+                conn = self._pool.getconn(max(deadline - time.monotonic(), 0.0))
+            except PoolClosed:
+                raise _closed() from None
+            except PoolTimeout:
+                raise self._no_connection() from None
+            if _idle_sound(conn):
+                return conn
+            with contextlib.suppress(Exception):
+                conn.close()
+            _log.info("discarded a dead connection to %s", core.describe())
+            self._pool.putconn(conn)
+
+    def _no_connection(self) -> StoreError:
+        """Why no connection came in time: all in use, or none could be made (then one
+        attempt here tells the driver's reason)."""
+        import psycopg
+
+        core = self._core
+        if self._pool.get_stats().get("pool_size", 0) >= core.pool_size:
+            return StoreError(
+                f"no connection to PostgreSQL ({core.describe()}) within {core.timeout:g} s: "
+                f"all {core.pool_size} of pool_size are in use"
+            )
+        try:
+            psycopg.Connection.connect(core.conninfo, **_connect_kwargs(core)).close()
+        except psycopg.Error as exc:
+            error = _unreachable(core, exc)
+            error.__cause__ = _cause(core, exc)
+            return error
+        return StoreError(
+            f"no connection to PostgreSQL ({core.describe()}) within {core.timeout:g} s"
+        )
+
+    def put(self, conn: Any) -> None:
+        """Take back a connection from :meth:`get` (psycopg-pool discards a closed one,
+        or one left in a transaction)."""
+        if self.closed:
+            with contextlib.suppress(Exception):
+                conn.close()
+        with contextlib.suppress(Exception):  # the pool closed meanwhile
+            self._pool.putconn(conn)
 
     def drop_idle(self) -> None:
-        """Close the idle connections (their server turned read-only: new ones may reach
-        the primary)."""
-        with self._freed:
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            self._discard(conn)
+        """Retire every connection (their server turned read-only: new ones may reach
+        the primary): the idle ones now, those in use when they come back."""
+        self._pool.drain()
+        _log.warning(
+            "%s turned read-only: every pooled connection is replaced", self._core.describe()
+        )
+
+    def stats(self) -> dict[str, int]:
+        """psycopg-pool's ``get_stats()``."""
+        return dict(self._pool.get_stats())
 
     def close(self) -> None:
         """Close every connection (one in use, when it comes back); idempotent."""
-        with self._freed:
-            self.closed = True
-            idle, self._idle = self._idle, []
-            self._freed.notify_all()
-        for conn in idle:
-            self._discard(conn)
+        self.closed = True
+        self._pool.close(timeout=1.0)
         self.drop_listener()
 
     def drop_listener(self) -> None:
         conn, self.listener = self.listener, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
-
-    def _connect(self, deadline: float) -> Any:
-        """A new connection, trying again until ``deadline`` while the server cannot be
-        reached."""
-        import psycopg
-
-        core = self._core
-        pause = _RECONNECT_FIRST
-        while True:
-            try:
-                conn = psycopg.Connection.connect(core.conninfo, **_connect_kwargs(core, deadline))
-            except psycopg.Error as exc:
-                if deadline - time.monotonic() <= pause or not _why(exc, True)[0]:
-                    raise _unreachable(core, exc) from _cause(core, exc)
-                time.sleep(pause)
-                pause = min(pause * 2.0, _RECONNECT_MAX)
-            else:
-                _adapt(conn)
-                return conn
-
-    def _discard(self, conn: Any) -> None:
-        """Close a connection that leaves the pool (``None``: one that was never made);
-        the room it leaves goes to the longest waiting thread."""
-        with self._freed:
-            if self._waiters and not self.closed:
-                turn = self._waiters.popleft()
-                turn[0], turn[1] = True, None
-                self._freed.notify_all()
-            else:
-                self._open -= 1
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.close()

@@ -46,6 +46,14 @@ from ._core import (
 from ._schema import _BATCH, _COPIED, DEFAULT_POOL_SIZE, DEFAULT_SCHEMA
 
 
+def _lifetime(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"max_lifetime must be a number of seconds, got {value!r}")
+    if not value > 0:
+        raise ValueError(f"max_lifetime must be positive, got {value!r}")
+    return float(value)
+
+
 class PostgresStore(_transfer.Uncopyable):
     """The durable ``ExecutionStore`` on PostgreSQL (see the module docstring).
 
@@ -55,7 +63,10 @@ class PostgresStore(_transfer.Uncopyable):
     :mod:`harel_store._codec`). ``pool_size`` is the most connections the store opens at
     once (one is kept open; ``wait_for_work`` opens one more). ``prepare=False`` prepares
     no statement (PgBouncer in transaction mode). ``timeout`` is how long a call waits
-    for a connection before it raises :class:`~harel_store.StoreError`.
+    for a connection before it raises :class:`~harel_store.StoreError`. The connections
+    come from a psycopg-pool ``ConnectionPool`` (the ``postgres`` extra installs it);
+    each is replaced after ``max_lifetime`` seconds, and :meth:`pool_stats` returns the
+    pool's statistics.
 
     Opening connects, checks the schema (creating or upgrading it under an advisory lock),
     and raises ``StoreError`` when the server cannot be reached or the schema is foreign
@@ -78,7 +89,9 @@ class PostgresStore(_transfer.Uncopyable):
         pool_size: int = DEFAULT_POOL_SIZE,
         prepare: bool = True,
         timeout: float = 30.0,
+        max_lifetime: float = 3600.0,
     ) -> None:
+        lifetime = _lifetime(max_lifetime)
         self._pool: _Pool | None = None
         self._listening = threading.Lock()  # wait_for_work's turn on the listener
         psycopg = _import_psycopg()
@@ -96,8 +109,8 @@ class PostgresStore(_transfer.Uncopyable):
             if isinstance(exc, psycopg.Error):
                 raise _cannot_open(core, exc) from exc
             raise
-        pool = self._pool = _Pool(core)
-        pool.adopt(conn)  # the connection that opened the store serves its calls
+        conn.close()  # its errors are the clear ones; the pool makes its own
+        pool = self._pool = _Pool(core, lifetime)
         weakref.finalize(self, pool.close)
 
     def __repr__(self) -> str:
@@ -317,6 +330,11 @@ class PostgresStore(_transfer.Uncopyable):
                     raise _failed(self._core, "wait_for_work", exc) from _cause(self._core, exc)
                 time.sleep(min(pause, left))
                 pause = min(pause * 2.0, _RECONNECT_MAX)
+
+    def pool_stats(self) -> dict[str, int]:
+        """The connection pool's statistics (psycopg-pool's ``get_stats()``: ``pool_size``,
+        ``pool_available``, ``requests_waiting``, ``connections_num`` and the others)."""
+        return self._open_pool().stats()
 
     def close(self) -> None:
         """Close the connections; a second close does nothing. Every other method of a

@@ -438,6 +438,117 @@ def time_commit_typical(
         return elapsed
 
 
+BATCH = 100  # commits per commit_many in commit_typical_batch
+TASKS = 32  # concurrent tasks in commit_typical_tasks_32
+
+
+def time_commit_typical_batch(loops: int, target: str, env: Env, sizes: Sizes) -> float:
+    """``commit_typical``'s commit, one for each of ``exe-0`` to ``exe-99`` (two commits
+    of one execution cannot share a batch), written ``BATCH`` at a time with one
+    ``commit_many``: time per commit. The commits are built before the clock starts, as
+    ``commit_typical``'s arguments are."""
+    reset_commit_db(target, env)
+    size = min(BATCH, sizes.executions)
+    store = open_harel(target, env, commit_db(target), sizes)
+    with store:
+        exes = [store.load(f"exe-{i}") for i in range(size)]
+        tag = uuid.uuid4().hex[:8]
+        work = [(f"{e}-{tag}", r) for e, r in typical_work(loops)]
+        batches = [
+            [
+                harel_store.Commit(exes[j], EMITS, event_id, rearm, SPAWNS, STEP)
+                for j, (event_id, rearm) in enumerate(work[k : k + size])
+            ]
+            for k in range(0, loops, size)
+        ]
+        commit_many = store.commit_many
+        settle()
+        t0 = perf_counter()
+        for batch in batches:
+            outcomes = commit_many(batch)
+        elapsed = perf_counter() - t0
+        last = batches[-1][-1]
+        if any(outcomes) or not store.is_processed(last.exe.id, last.processed_event_id):
+            raise RuntimeError("commit_typical_batch did not commit")
+        return elapsed
+
+
+def open_async(target: str, env: Env, sizes: Sizes) -> Any:
+    """The async twin of :func:`open_harel`'s store on the commit database (its default
+    pool on PostgreSQL: the group commit writes through one connection at a time)."""
+    if target == "postgres":
+        from harel_store.postgres import AsyncPostgresStore
+
+        assert env.pg_url is not None
+        return AsyncPostgresStore(env.pg_url, schema=SCHEMA_COMMIT, trace_max=sizes.trace_max)
+    from harel_store.sqlite import AsyncSqliteStore
+
+    return AsyncSqliteStore(
+        sqlite_path(env, commit_db(target)),
+        synchronous=SYNCHRONOUS[target],
+        trace_max=sizes.trace_max,
+    )
+
+
+async def _check_async(target: str, store: Any) -> None:
+    import asyncio
+
+    module = "harel_store.postgres" if target == "postgres" else "harel_store.sqlite"
+    if type(store).__module__ != module or not type(store).__name__.startswith("Async"):
+        raise RuntimeError(f"{target}: measuring {store!r}")
+    if target == "postgres":
+        conn = await store._pool.get()
+        try:
+            row = await (await conn.execute("SHOW fsync")).fetchone()
+            sync = await (await conn.execute("SHOW synchronous_commit")).fetchone()
+        finally:
+            await store._pool.put(conn)
+        if (row[0], sync[0]) != ("on", "on"):
+            raise RuntimeError(f"{target} tasks: fsync={row[0]} synchronous_commit={sync[0]}")
+    else:  # the sync store under it, on its own thread
+        sync_store = store._opening.result()
+        await asyncio.get_running_loop().run_in_executor(
+            store._pool, check_sqlite_conn, sync_store._conn, SYNCHRONOUS[target], target
+        )
+
+
+def time_commit_typical_tasks(loops: int, target: str, env: Env, sizes: Sizes, tasks: int) -> float:
+    """``tasks`` asyncio tasks commit ``commit_typical``'s commit, each to an execution
+    of its own (``exe-0``, ``exe-1``, ...), through one async store, whose group commit
+    lets the commits of tasks that wait meanwhile share a transaction: the time from the
+    start to the last task's end, per commit over all of them."""
+    import asyncio
+
+    reset_commit_db(target, env)
+    tasks = min(tasks, sizes.executions)
+
+    async def run() -> float:
+        store = open_async(target, env, sizes)
+        async with store:
+            await _check_async(target, store)
+            exes = [await store.load(f"exe-{k}") for k in range(tasks)]
+            tag = uuid.uuid4().hex[:8]
+            work = [(f"{e}-{tag}", r) for e, r in typical_work(loops)]
+            shares = [work[k::tasks] for k in range(tasks)]
+
+            async def one(exe: Any, items: list[tuple[str, Any]]) -> None:
+                for event_id, rearm in items:
+                    await store.commit(
+                        exe, EMITS, processed_event_id=event_id, timers=rearm, spawns=SPAWNS,
+                        trace=STEP,
+                    )  # fmt: skip
+
+            settle()
+            t0 = perf_counter()
+            await asyncio.gather(*(one(exes[k], shares[k]) for k in range(tasks) if shares[k]))
+            elapsed = perf_counter() - t0
+            if not await store.is_processed("exe-0", shares[0][-1][0]):
+                raise RuntimeError("commit_typical_tasks did not commit")
+            return elapsed
+
+    return asyncio.run(run())
+
+
 class OrjsonCodec(JsonCodec):
     """The default codec's format written and read by orjson: the same tagging walk (so
     the same values are accepted, tuples tagged), orjson in place of the ``json`` module.
@@ -740,11 +851,13 @@ def demo_url(target: str, env: Env) -> tuple[str, Callable[[], None]]:
     return f"sqlite:///{path}", remove
 
 
-def time_demo(loops: int, target: str, env: Env, sizes: Sizes, workers: int) -> float:
-    """The demo's workload (``python -m harel_store --store URL --workers N``) at
-    ``sizes.demo`` orders on a fresh database: its own ``elapsed`` (the workflow, not the
-    checks after it), per execution created (inner_loops is set from a first run's count
-    by the main process)."""
+def time_demo(
+    loops: int, target: str, env: Env, sizes: Sizes, workers: int, batch: bool = True
+) -> float:
+    """The demo's workload (``python -m harel_store --store URL --workers N``, with
+    ``--no-batch`` unless ``batch``) at ``sizes.demo`` orders on a fresh database: its own
+    ``elapsed`` (the workflow, not the checks after it), per execution created (inner_loops
+    is set from a first run's count by the main process)."""
     from harel_store._demo.durable import Coordinator
     from harel_store._demo.workers import run_workers
 
@@ -758,9 +871,9 @@ def time_demo(loops: int, target: str, env: Env, sizes: Sizes, workers: int) -> 
             else:
                 check_sqlite_conn(store._conn, "NORMAL", f"{target} demo")
             with store:
-                coord = Coordinator(store, url)
+                coord = Coordinator(store, url, batch=batch)
                 coord.open(sizes.demo, 1, False)
-                result = run_workers(url, coord, workers)
+                result = run_workers(url, coord, workers, batch=batch)
             if result["problems"]:
                 raise RuntimeError(f"demo: {result['problems'][:3]}")
             total += result["elapsed"] / result["executions"]
@@ -1265,6 +1378,19 @@ def cases(targets: tuple[str, ...], env: Env, sizes: Sizes, peers: bool) -> list
             Case(h + "commit_minimal", time_commit_minimal, a),
             Case(h + "commit_typical", time_commit_typical, a),
             Case(f"{target}:floor:commit_typical", time_floor_commit_typical, a),
+            Case(
+                h + "commit_typical_batch",
+                time_commit_typical_batch,
+                a,
+                per=f"commit, in batches of {min(BATCH, sizes.executions)}",
+            ),
+            Case(h + "commit_typical_tasks_1", time_commit_typical_tasks, (*a, 1), per="commit"),
+            Case(
+                h + f"commit_typical_tasks_{TASKS}",
+                time_commit_typical_tasks,
+                (*a, TASKS),
+                per=f"commit, {TASKS} tasks",
+            ),
         ]
         if orjson_dumps is not None:
             suite.append(Case(f"{target}:orjson:commit_typical", time_commit_typical_orjson, a))
@@ -1307,6 +1433,15 @@ def cases(targets: tuple[str, ...], env: Env, sizes: Sizes, peers: bool) -> list
             for workers in (1, 2):
                 name = h + f"demo_{workers}_worker{'s' if workers > 1 else ''}"
                 suite.append(Case(name, time_demo, (*a, workers), per="execution", heavy=True))
+            suite.append(
+                Case(
+                    h + "demo_2_workers_no_batch",
+                    time_demo,
+                    (*a, 2, False),
+                    per="execution",
+                    heavy=True,
+                )
+            )
     return suite
 
 

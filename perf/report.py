@@ -21,6 +21,7 @@ import random
 import re
 import statistics
 import sys
+from collections.abc import Callable
 from typing import NamedTuple
 
 import pyperf
@@ -302,9 +303,20 @@ DURABLE_CASES = (
     "harel:claim_due_timers_*",
     "harel:claim_ack_*",
     "harel:wait_for_work",
+    "harel:commit_typical_batch",
+    "harel:commit_typical_tasks_1",
+    "harel:commit_typical_tasks_32",
 )
 DURABLE_SCALED = ("harel:scale_sweep_*", "harel:scale_claim_*")  # two sizes each
-DURABLE_DEMO = ("harel:demo_1_worker", "harel:demo_2_workers")
+DURABLE_DEMO = ("harel:demo_1_worker", "harel:demo_2_workers", "harel:demo_2_workers_no_batch")
+# Issue 27, per committed transition: a batch of 100 over 100 single commits; batched
+# against the disk's fsync rate; batched against each peer's one write; 32 tasks through
+# one async store (group commit) against one task. At least these.
+BATCH_OVER_SINGLE = {"sqlite-full": 5.0, "sqlite-normal": 2.0, "postgres": 6.0}
+BATCH_OVER_FSYNC = {"sqlite-full": 1.5, "postgres": 1.0}
+BATCH_OVER_PEERS = {"sqlite-full": 2.0, "sqlite-normal": 1.0, "postgres": 2.0}
+TASKS_OVER_ONE = {"sqlite-full": 4.0, "postgres": 4.0}
+DEMO_BATCHED_OVER_NOT = {"postgres": 3.0}
 SCALED_TARGETS = ("sqlite-normal", "postgres")  # the scaling sweep and the demo
 MACHINE_CASES = ("disk:fsync", "json:codec_typical", "json:codec_encode")
 DURABLE_NOTE = (
@@ -448,6 +460,7 @@ def durable_targets(d: Durable) -> list[Row]:
                 1.0,
                 False,
             )
+    batch_targets(judge, med)
     encode = med.get("machine:codec_encode", {})
     for target in DURABLE_TARGETS:
         # What orjson could save of a commit is bounded by what it saves of the commit's
@@ -476,6 +489,58 @@ def durable_targets(d: Durable) -> list[Row]:
             label = f"{target}, `{large.partition(':')[2]}` ≤ 1.5× `{small.partition(':')[2]}`"
             rows.append(Row(label, fmt_ratio(ratio), "PASS" if ratio <= 1.5 else "FAIL"))
     return rows
+
+
+def batch_targets(judge: Callable[..., None], med: Medians) -> None:
+    """Issue 27's targets, each a ratio of two cases of one run, judged (and its row
+    added) by :func:`durable_targets`'s ``judge``."""
+    for target, want in BATCH_OVER_SINGLE.items():
+        judge(
+            f"{target}, `commit_typical_batch` ≥ {want:g}× `commit_typical` per commit"
+            " (single time / batched time)",
+            (f"{target}:commit_typical", "harel"),
+            (f"{target}:commit_typical_batch", "harel"),
+            want,
+            False,
+        )
+    for target, want in BATCH_OVER_FSYNC.items():
+        judge(
+            f"{target}, batched commits/s ≥ {want:g}× the disk's fsyncs/s"
+            " (fsync time / `commit_typical_batch` time; the fsync of a 4 KiB write on the"
+            " databases' file system)",
+            (_disk_key(med, target), "disk"),
+            (f"{target}:commit_typical_batch", "harel"),
+            want,
+            False,
+        )
+    for target, want in BATCH_OVER_PEERS.items():
+        for peer in PEERS:
+            judge(
+                f"{target}, `commit_typical_batch` ≥ {want:g}× {peer}'s one write"
+                " (peer time / ours)",
+                (f"{target}:commit_typical", peer),
+                (f"{target}:commit_typical_batch", "harel"),
+                want,
+                False,
+            )
+    for target, want in TASKS_OVER_ONE.items():
+        judge(
+            f"{target}, 32 tasks through one async store commit ≥ {want:g}× one task's"
+            " (`commit_typical_tasks_1` time / `commit_typical_tasks_32` time)",
+            (f"{target}:commit_typical_tasks_1", "harel"),
+            (f"{target}:commit_typical_tasks_32", "harel"),
+            want,
+            False,
+        )
+    for target, want in DEMO_BATCHED_OVER_NOT.items():
+        judge(
+            f"{target}, the demo with 2 workers batched ≥ {want:g}× `--no-batch` per execution"
+            " (`demo_2_workers_no_batch` time / `demo_2_workers` time)",
+            (f"{target}:demo_2_workers_no_batch", "harel"),
+            (f"{target}:demo_2_workers", "harel"),
+            want,
+            False,
+        )
 
 
 def durable_missing(d: Durable, targets: tuple[str, ...]) -> list[str]:

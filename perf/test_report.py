@@ -226,6 +226,104 @@ def test_two_postgres_writers_must_beat_one(two: float, status: str) -> None:
     assert durable_row(d, "postgres, 2 writers").status == status
 
 
+@pytest.mark.parametrize(
+    ("target", "batch", "status"),
+    [
+        ("sqlite-full", 0.19e-3, "PASS"),  # 5.3x
+        ("sqlite-full", 0.25e-3, "FAIL"),  # 4x
+        ("sqlite-normal", 0.45e-3, "PASS"),  # 2.2x
+        ("sqlite-normal", 0.6e-3, "FAIL"),
+        ("postgres", 0.15e-3, "PASS"),  # 6.7x
+        ("postgres", 0.2e-3, "FAIL"),  # 5x: enough on SQLite FULL, not on PostgreSQL
+    ],
+)
+def test_a_batch_of_100_is_held_to_its_speed_up_over_single_commits(
+    target: str, batch: float, status: str
+) -> None:
+    d = durable(
+        {
+            f"{target}:commit_typical": {"harel": 1.0e-3},
+            f"{target}:commit_typical_batch": {"harel": batch},
+        }
+    )
+    row = durable_row(d, f"{target}, `commit_typical_batch` ≥ ")
+    assert (row.measured, row.status) == (f"{1.0e-3 / batch:.2f}×", status)
+
+
+def test_a_batch_speed_up_at_the_target_within_the_spread_is_not_a_pass() -> None:
+    d = durable(
+        {
+            "sqlite-full:commit_typical": {"harel": 1.0e-3},
+            "sqlite-full:commit_typical_batch": {"harel": 0.2e-3},
+        },
+        spread=0.05,
+    )
+    assert durable_row(d, "sqlite-full, `commit_typical_batch` ≥ 5×").status == "WITHIN NOISE"
+
+
+@pytest.mark.parametrize(
+    ("batch", "full", "pg"),
+    [(0.3e-3, "PASS", "PASS"), (0.4e-3, "FAIL", "PASS"), (0.6e-3, "FAIL", "FAIL")],
+)
+def test_batched_commits_outrun_the_fsync_rate(batch: float, full: str, pg: str) -> None:
+    """fsync takes 0.5 ms: batched commits of 0.3 ms are 1.67x its rate, 0.4 ms 1.25x
+    (enough on PostgreSQL, not on SQLite FULL), 0.6 ms 0.83x."""
+    d = durable(
+        {
+            "machine:fsync": {"disk": 0.5e-3},
+            "sqlite-full:commit_typical_batch": {"harel": batch},
+            "postgres:commit_typical_batch": {"harel": batch},
+        }
+    )
+    assert durable_row(d, "sqlite-full, batched commits/s ≥ 1.5×").status == full
+    assert durable_row(d, "postgres, batched commits/s ≥ 1×").status == pg
+    assert not any(
+        r.target.startswith("sqlite-normal, batched commits/s") for r in report.durable_targets(d)
+    )
+
+
+def test_a_batched_commit_must_beat_each_peer_twice_on_full_and_postgres() -> None:
+    d = durable(
+        {
+            "sqlite-full:commit_typical": {"eventsourcing": 1.0e-3, "langgraph": 2.5e-3},
+            "sqlite-full:commit_typical_batch": {"harel": 0.6e-3},
+            "sqlite-normal:commit_typical": {"eventsourcing": 0.5e-3, "langgraph": 0.7e-3},
+            "sqlite-normal:commit_typical_batch": {"harel": 0.6e-3},
+        }
+    )
+    row = durable_row(d, "sqlite-full, `commit_typical_batch` ≥ 2× eventsourcing")
+    assert (row.measured, row.status) == ("1.67×", "FAIL")
+    assert durable_row(d, "sqlite-full, `commit_typical_batch` ≥ 2× langgraph").status == "PASS"
+    assert (
+        durable_row(d, "sqlite-normal, `commit_typical_batch` ≥ 1× eventsourcing").status == "FAIL"
+    )
+    assert durable_row(d, "sqlite-normal, `commit_typical_batch` ≥ 1× langgraph").status == "PASS"
+    assert durable_row(d, "postgres, `commit_typical_batch` ≥ 2× langgraph").status == "MISSING"
+
+
+@pytest.mark.parametrize(("many", "status"), [(0.2e-3, "PASS"), (0.3e-3, "FAIL")])
+def test_32_tasks_through_one_async_store_commit_4_times_as_much(many: float, status: str) -> None:
+    d = durable(
+        {
+            "postgres:commit_typical_tasks_1": {"harel": 1.0e-3},
+            "postgres:commit_typical_tasks_32": {"harel": many},
+        }
+    )
+    assert durable_row(d, "postgres, 32 tasks through one async store").status == status
+    assert durable_row(d, "sqlite-full, 32 tasks through one async store").status == "MISSING"
+
+
+@pytest.mark.parametrize(("batched", "status"), [(3.0e-3, "PASS"), (4.0e-3, "FAIL")])
+def test_the_batched_demo_is_held_to_3_times_the_unbatched_one(batched: float, status: str) -> None:
+    d = durable(
+        {
+            "postgres:demo_2_workers_no_batch": {"harel": 10.0e-3},
+            "postgres:demo_2_workers": {"harel": batched},
+        }
+    )
+    assert durable_row(d, "postgres, the demo with 2 workers batched ≥ 3×").status == status
+
+
 def test_the_typical_commit_must_be_as_fast_as_each_peer() -> None:
     d = durable(
         {

@@ -291,10 +291,13 @@ class _Core:
         commit_id: Any,
         epoch: Any,
     ) -> _Op:
-        single = self.prepare_commit(
-            exe, emits, processed_event_id, timers, spawns, trace, commit_id, epoch
+        # Checked and encoded at the call, as the other operations are at their first
+        # step: the stores call an operation and take its first step before any I/O.
+        return self.run_commit(
+            self.prepare_commit(
+                exe, emits, processed_event_id, timers, spawns, trace, commit_id, epoch
+            )
         )
-        return (yield from self.run_commit(single))
 
     def prepare_commit(
         self,

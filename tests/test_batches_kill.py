@@ -273,6 +273,59 @@ async def cancelled_commits(where: str, seed: int) -> None:
                 assert parts == (True,) * 4 and exe.version == 1, (i, parts, exe)
 
 
+async def cancelled_batches(where: str, seed: int) -> None:
+    """30 tasks each commit a batch of three (the middle one stale) and ack one outbox
+    entry of their own, through one async store at once; 10 are cancelled at random
+    moments. A cancelled batch landed whole or not at all; the others got
+    ``[None, StoreConflict, None]`` and landed; every ack of a task that was not cancelled
+    took its entry, and took no other."""
+    rng = random.Random(seed)
+    p = f"m{seed}-"
+    async with open_async(where) as store:
+        for t in range(30):  # the stale ones, and an entry each task acks
+            await store.commit(Execution(id=f"{p}old-{t}"), [(f"{p}old-{t}", f"{p}ack-{t}")])
+        seqs = {e.event: e.seq for e in await store.pending_outbox()}
+
+        def batch(t: int) -> list[Commit]:
+            return [
+                Commit(Execution(id=f"{p}t{t}-a"), [(None, f"{p}ev-{t}-a")], "ev"),
+                Commit(Execution(id=f"{p}old-{t}"), [(None, f"{p}ev-{t}-old")], "ev"),
+                Commit(Execution(id=f"{p}t{t}-b"), [(None, f"{p}ev-{t}-b")], "ev"),
+            ]
+
+        async def one(t: int) -> list[Any]:
+            outcomes = await store.commit_many(batch(t))
+            await store.ack_outbox_many([seqs[f"{p}ack-{t}"]])
+            return list(outcomes)
+
+        tasks = {t: asyncio.ensure_future(one(t)) for t in range(30)}
+        victims = set(rng.sample(sorted(tasks), 10))
+        loop = asyncio.get_running_loop()
+        for t in victims:
+            delay = rng.choice([0.0, rng.uniform(0.0, 0.002), rng.uniform(0.0, 0.02)])
+            loop.call_later(delay, tasks[t].cancel)
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        outbox = {e.event for e in await store.pending_outbox()}
+        for t, task in tasks.items():
+            a, old, b = [await store.load(f"{p}{x}") for x in (f"t{t}-a", f"old-{t}", f"t{t}-b")]
+            assert old.version == 1 and f"{p}ev-{t}-old" not in outbox, (t, old)
+            landed = (
+                a is not None,
+                b is not None,
+                f"{p}ev-{t}-a" in outbox,
+                f"{p}ev-{t}-b" in outbox,
+            )
+            if task.cancelled():
+                assert t in victims
+                assert len(set(landed)) == 1, (t, landed)  # the batch whole or not at all
+            else:
+                outcomes = task.result()
+                assert outcomes[0] is None and outcomes[2] is None, (t, outcomes)
+                assert type(outcomes[1]) is StoreConflict, (t, outcomes)
+                assert landed == (True,) * 4, (t, landed)
+                assert f"{p}ack-{t}" not in outbox, t
+
+
 def test_sqlite_group_commit_under_cancellation(tmp_path: Path) -> None:
     for seed in range(3):
         asyncio.run(cancelled_commits(f"sqlite:{tmp_path / 'group.db'}", seed))
@@ -281,6 +334,18 @@ def test_sqlite_group_commit_under_cancellation(tmp_path: Path) -> None:
 def test_postgres_group_commit_under_cancellation(pg_server: Any, pg_schema: str) -> None:
     for seed in range(3):
         asyncio.run(cancelled_commits(f"postgres:{pg_schema}@{pg_server.url}", seed))
+
+
+def test_sqlite_batches_and_acks_in_group_commit_under_cancellation(tmp_path: Path) -> None:
+    for seed in range(2):
+        asyncio.run(cancelled_batches(f"sqlite:{tmp_path / 'group.db'}", seed))
+
+
+def test_postgres_batches_and_acks_in_group_commit_under_cancellation(
+    pg_server: Any, pg_schema: str
+) -> None:
+    for seed in range(2):
+        asyncio.run(cancelled_batches(f"postgres:{pg_schema}@{pg_server.url}", seed))
 
 
 # --- the worker processes ----------------------------------------------------------------

@@ -283,3 +283,92 @@ def drop_schema(url: str, name: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SET lock_timeout = '20s'")
         conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+def port_of(server: Server) -> int:
+    """The port of a throwaway ``server`` (its URL's)."""
+    return int(server.url.split("@127.0.0.1:")[1].split("/")[0])
+
+
+def configure(server: Server, *settings: str) -> None:
+    """Append ``settings`` to a throwaway server's postgresql.conf (read at the next
+    start or reload)."""
+    assert server.data is not None
+    with open(server.data / "postgresql.conf", "a") as conf:
+        conf.write("\n".join(settings) + "\n")
+
+
+def start_standby(primary: Server, bindir: Path) -> Server:
+    """A streaming standby of the throwaway ``primary`` on another port of 127.0.0.1:
+    ``pg_basebackup -R`` (so it starts in recovery, streaming from the primary), its own
+    directory, removed by :meth:`Server.destroy`."""
+    assert primary.root is not None
+    root = Path(tempfile.mkdtemp(prefix="harel-pg-standby-"))
+    os.chmod(root, 0o755)
+    data, sockets, log = root / "data", root / "sock", root / "server.log"
+    sockets.mkdir()
+    if os.geteuid() == 0:
+        entry = pwd.getpwnam(SERVER_USER)
+        for path in (root, sockets):
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+    port = free_port()
+    user = primary.url.split("://")[1].split("@")[0]
+    standby = Server(
+        url=primary.url.replace(f":{port_of(primary)}/", f":{port}/"),
+        pg_ctl=_as_server_user([str(bindir / "pg_ctl"), "-l", str(log)]),
+        data=data,
+        root=root,
+        log=log,
+        env=primary.env,
+    )
+    try:
+        backup = subprocess.run(
+            _as_server_user(
+                [
+                    str(bindir / "pg_basebackup"),
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(port_of(primary)),
+                    "-U",
+                    user,
+                    "-D",
+                    str(data),
+                    "-R",
+                    "-X",
+                    "stream",
+                    "-c",
+                    "fast",
+                ]
+            ),
+            capture_output=True,
+            text=True,
+            check=False,
+            env=primary.env,
+            timeout=300,
+        )
+        if backup.returncode != 0:
+            raise RuntimeError(f"pg_basebackup failed ({backup.returncode}):\n{backup.stderr}")
+        configure(
+            standby,
+            f"port = {port}",
+            f"unix_socket_directories = '{sockets}'",
+            "hot_standby = on",
+        )
+        standby.start()
+    except BaseException:
+        standby.destroy()
+        raise
+    return standby
+
+
+def demote(old: Server, new: Server) -> None:
+    """Start the stopped throwaway server ``old`` as a read-only standby of ``new`` (as
+    a demoted primary comes back): in recovery, answering read-only statements."""
+    assert old.data is not None
+    configure(old, f"primary_conninfo = 'host=127.0.0.1 port={port_of(new)}'")
+    (old.data / "standby.signal").touch()
+    if os.geteuid() == 0:
+        entry = pwd.getpwnam(SERVER_USER)
+        os.chown(old.data / "standby.signal", entry.pw_uid, entry.pw_gid)
+    old.start()

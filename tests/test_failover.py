@@ -1,0 +1,238 @@
+"""PostgreSQL failover under running processes (issue 28): a primary and a synchronous
+streaming standby on loopback, writers and a relay on a multi-host URL with
+``target_session_attrs=read-write``; the standby is promoted and the old primary stopped
+mid-stream, then brought back as a read-only standby still listed first.
+
+Needs the PostgreSQL server binaries with ``pg_basebackup`` (Debian: ``postgresql``);
+the module's own two clusters, so it runs whatever ``HAREL_STORE_PG_URL`` names. About a
+minute on two cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import _pg
+import pytest
+
+from harel_store import Execution, StoreError
+from harel_store.postgres import PostgresStore
+
+WRITERS = 3
+SCHEMA: dict[str, str] = {}  # the schema of the failover test, for the one after it
+
+# A writer: commits transitions of its execution, each with a commit id, one trace entry
+# and one emitted event; after a StoreError (the server went, the outcome unknown) it
+# tries the same commit again until it returns, then prints its number. It stops when
+# the file ``stop`` exists.
+WRITER = r"""
+import os, sys, time
+from harel_store import Execution, StoreError
+from harel_store.postgres import PostgresStore
+
+url, schema, name, stop = sys.argv[1:5]
+store = PostgresStore(url, schema=schema, trace_max=None, timeout=60.0)
+exe = Execution(id=name)
+k = 0
+while not os.path.exists(stop):
+    k += 1
+    exe.context["k"] = k
+    retries = 0
+    while True:
+        try:
+            store.commit(exe, [(None, {"w": name, "k": k})], trace={"k": k},
+                         commit_id=f"{name}-{k}")
+            break
+        except StoreError as exc:
+            retries += 1
+            if retries > 200:
+                raise
+            print("retry", k, exc, file=sys.stderr, flush=True)
+            time.sleep(0.05)
+    print(k, flush=True)
+store.close()
+"""
+
+# The relay: claims and acks outbox entries, printing how many it acked each time.
+RELAY = r"""
+import os, sys, time
+from harel_store import StoreError
+from harel_store.postgres import PostgresStore
+
+url, schema, stop = sys.argv[1:4]
+store = PostgresStore(url, schema=schema, timeout=60.0)
+acked = 0
+while not os.path.exists(stop):
+    try:
+        for entry in store.claim_outbox(50, lease=5.0):
+            store.ack_outbox(entry.seq)
+            acked += 1
+    except StoreError as exc:
+        print("retry", exc, file=sys.stderr, flush=True)
+    print(acked, flush=True)
+    time.sleep(0.02)
+store.close()
+"""
+
+
+def user_of(server: _pg.Server) -> str:
+    return server.url.split("://")[1].split("@")[0]
+
+
+def ha_url(first: _pg.Server, second: _pg.Server) -> str:
+    return (
+        f"postgresql://{user_of(first)}@127.0.0.1:{_pg.port_of(first)},"
+        f"127.0.0.1:{_pg.port_of(second)}/postgres?sslmode=disable&gssencmode=disable"
+        "&target_session_attrs=read-write&connect_timeout=3"
+    )
+
+
+def sql(url: str, statement: str) -> list[Any]:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
+        cur = conn.execute(statement)
+        return cur.fetchall() if cur.description else []
+
+
+def wait_for(what: str, check: Any, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:g} s: {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[tuple[_pg.Server, _pg.Server]]:
+    bindir = _pg.find_bindir()
+    if bindir is None or not (bindir / "pg_basebackup").exists():
+        reason = "no PostgreSQL server binaries with pg_basebackup"
+        if _pg.required():
+            pytest.fail(f"{_pg.REQUIRE_ENV} is set: {reason}", pytrace=False)
+        pytest.skip(reason)
+    primary = _pg.start_throwaway(bindir)
+    standby = None
+    try:
+        standby = _pg.start_standby(primary, bindir)
+        _pg.wait_until_ready(standby.url)
+        _pg.configure(primary, "synchronous_standby_names = '*'")
+        primary.ctl("reload")
+        wait_for(
+            "the standby streams synchronously",
+            lambda: sql(primary.url, "SELECT sync_state FROM pg_stat_replication") == [("sync",)],
+        )
+        yield primary, standby
+    finally:
+        if standby is not None:
+            standby.destroy()
+        primary.destroy()
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().split()
+
+
+def test_writers_and_a_relay_continue_on_the_promoted_standby(
+    pair: tuple[_pg.Server, _pg.Server], tmp_path: Path
+) -> None:
+    primary, standby = pair
+    url = ha_url(primary, standby)
+    schema = SCHEMA["before"] = _pg.fresh_schema()
+    stop = tmp_path / "stop"
+    listener = PostgresStore(url, schema=schema)  # opens the schema before the writers
+    assert listener.wait_for_work(0.0) in (True, False)  # its listening connection
+    procs: list[tuple[subprocess.Popen[str], Path]] = []
+    files = contextlib.ExitStack()
+
+    def spawn(name: str, *args: str) -> None:
+        out = tmp_path / f"{name}.out"
+        proc = subprocess.Popen(
+            [sys.executable, "-c", *args],
+            stdout=files.enter_context(out.open("w")),
+            stderr=files.enter_context(out.with_suffix(".err").open("w")),
+            text=True,
+        )
+        procs.append((proc, out))
+
+    try:
+        for w in range(WRITERS):
+            spawn(f"w{w}", WRITER, url, schema, f"w{w}", str(stop))
+        spawn("relay", RELAY, url, schema, str(stop))
+        wait_for(
+            "every writer committed on the primary",
+            lambda: all(len(lines(out)) >= 20 for _, out in procs[:WRITERS]),
+        )
+        # Fail over mid-stream: the standby becomes the primary, the old one stops.
+        standby.ctl("-w", "promote")
+        primary.stop()
+        at_failover = {out: len(lines(out)) for _, out in procs}
+        wait_for(
+            "every writer and the relay went on on the new primary",
+            lambda: all(len(lines(out)) >= at_failover[out] + 20 for _, out in procs),
+        )
+        assert sql(standby.url, "SELECT pg_is_in_recovery()") == [(False,)]
+        # wait_for_work, whose listening connection was on the old primary, wakes on
+        # the new one: the writers commit there.
+        assert listener.wait_for_work(30.0) is True
+        stop.touch()
+        for proc, out in procs:
+            assert proc.wait(timeout=120) == 0, (out.with_suffix(".err")).read_text()
+        # Every commit that returned is on the new primary, each applied once.
+        with PostgresStore(standby.url, schema=schema, trace_max=None) as store:
+            for w, (_, out) in enumerate(procs[:WRITERS]):
+                returned = [int(k) for k in lines(out)]
+                assert returned == list(range(1, len(returned) + 1))
+                exe = store.load(f"w{w}")
+                assert exe is not None
+                assert exe.version == len(returned) == exe.context["k"]
+                assert [step["k"] for step in store.read_trace(f"w{w}")] == returned
+        retried = "".join((out.with_suffix(".err")).read_text() for _, out in procs)
+        print(retried)  # shown with -s: what the failover cost the processes
+    finally:
+        stop.touch()
+        for proc, _ in procs:
+            with contextlib.suppress(Exception):
+                proc.kill()
+                proc.wait(timeout=10)
+        files.close()
+        listener.close()
+
+
+def test_the_old_primary_back_as_a_read_only_standby(
+    pair: tuple[_pg.Server, _pg.Server],
+) -> None:
+    """After the failover of the test above: the old primary returns read-only, still
+    first in the URL. A store on the URL commits on the new primary; a store on the old
+    one alone gets a StoreError to retry, and its connection is discarded."""
+    old, new = pair
+    if "before" not in SCHEMA:
+        pytest.skip("runs after the failover of the test above")
+    _pg.demote(old, new)
+    _pg.wait_until_ready(old.url)
+    assert sql(old.url, "SELECT pg_is_in_recovery()") == [(True,)]
+    schema = _pg.fresh_schema()
+    with PostgresStore(ha_url(old, new), schema=schema) as store:
+        exe = Execution(id="after")
+        store.commit(exe, [], commit_id="after-1")
+        assert exe.version == 1
+    with pytest.raises(StoreError, match="Retry: the session is read-only"):
+        PostgresStore(old.url, schema=schema)  # its schema is not there to create
+    # A store on the old primary alone, on a schema from before the failover.
+    with PostgresStore(old.url, schema=SCHEMA["before"]) as stale:
+        assert stale._pool is not None
+        idle = list(stale._pool._pool._pool)  # psycopg-pool's idle connections
+        exe = Execution(id="refused")
+        with pytest.raises(StoreError, match="Retry: the session is read-only"):
+            stale.commit(exe, [], commit_id="refused-1")
+        assert exe.version == 0
+        assert all(conn.closed for conn in idle)
+        with pytest.raises(StoreError, match="read-only"):
+            stale.commit(exe, [], commit_id="refused-1")
+        assert stale.pool_stats()["connections_num"] >= 2  # a new one for each try

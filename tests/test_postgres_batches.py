@@ -208,22 +208,28 @@ def test_processes_committing_overlapping_batches_lose_no_update(
 
 CAS = """
 import sys
-from harel_store import Commit, StoreConflict
+from harel_store import Commit, Execution, StoreConflict
 from harel_store.postgres import PostgresStore
 url, schema, me = sys.argv[1], sys.argv[2], sys.argv[3]
 with PostgresStore(url, schema=schema) as store:
-    exes = [store.load(f"k{i}") for i in range(50)]
+    exes = [store.load(f"k{i}") or Execution(id=f"k{i}") for i in range(50)]
     sys.stdout.write("ready\\n"); sys.stdout.flush(); sys.stdin.readline()
     outcomes = store.commit_many([Commit(exe, [("t", {"by": me})]) for exe in exes])
+    assert all(o is None or type(o) is StoreConflict for o in outcomes), outcomes
     print("".join("w" if o is None else "l" for o in outcomes))
 """
 
 
+@pytest.mark.parametrize("existing", [True, False], ids=["updates", "first-writes"])
 def test_each_cas_of_racing_batches_has_exactly_one_winner(
-    opened: Callable[..., Any], url: str, pg_schema: str
+    opened: Callable[..., Any], url: str, pg_schema: str, existing: bool
 ) -> None:
+    """Three processes commit the same 50 executions in one batch each, at once: each
+    execution has one winner, the others get a StoreConflict (executions that exist, or
+    first writes racing to create them)."""
     store = opened()
-    store.commit_many([Commit(Execution(id=f"k{i}")) for i in range(50)])
+    if existing:
+        store.commit_many([Commit(Execution(id=f"k{i}")) for i in range(50)])
     procs = []
     for me in range(3):
         proc = subprocess.Popen(
@@ -241,7 +247,7 @@ def test_each_cas_of_racing_batches_has_exactly_one_winner(
     for i in range(50):
         assert sum(row[i] == "w" for row in rows) == 1, rows
     assert len(store.pending_outbox()) == 50
-    assert all(store.load(f"k{i}").version == 2 for i in range(50))
+    assert all(store.load(f"k{i}").version == 1 + existing for i in range(50))
 
 
 def test_the_async_twin_commits_and_acks_in_batches(url: str, pg_schema: str) -> None:

@@ -372,3 +372,72 @@ def demote(old: Server, new: Server) -> None:
         entry = pwd.getpwnam(SERVER_USER)
         os.chown(old.data / "standby.signal", entry.pw_uid, entry.pw_gid)
     old.start()
+
+
+@dataclass
+class Bouncer:
+    """A PgBouncer in front of a server: ``url`` reaches the server's ``postgres``
+    database through it."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    root: Path
+
+    def destroy(self) -> None:
+        self.process.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def find_pgbouncer() -> str | None:
+    return shutil.which("pgbouncer") or (
+        "/usr/sbin/pgbouncer" if os.access("/usr/sbin/pgbouncer", os.X_OK) else None
+    )
+
+
+def start_pgbouncer(server: Server, pool_mode: str = "transaction") -> Bouncer:
+    """PgBouncer (``pool_mode``, trust authentication) on a free port of 127.0.0.1 in
+    front of the throwaway ``server``; it runs as the server's user when the tests run
+    as root (PgBouncer refuses root)."""
+    binary = find_pgbouncer()
+    assert binary is not None
+    root = Path(tempfile.mkdtemp(prefix="harel-pgbouncer-"))
+    os.chmod(root, 0o755)
+    user = server.url.split("://")[1].split("@")[0]
+    port = free_port()
+    (root / "users.txt").write_text(f'"{user}" ""\n')
+    (root / "pgbouncer.ini").write_text(
+        "[databases]\n"
+        f"postgres = host=127.0.0.1 port={port_of(server)} dbname=postgres\n"
+        "[pgbouncer]\n"
+        "listen_addr = 127.0.0.1\n"
+        f"listen_port = {port}\n"
+        "unix_socket_dir =\n"
+        "auth_type = trust\n"
+        f"auth_file = {root / 'users.txt'}\n"
+        f"pool_mode = {pool_mode}\n"
+        "default_pool_size = 4\n"
+        "max_client_conn = 200\n"
+    )
+    if os.geteuid() == 0:
+        entry = pwd.getpwnam(SERVER_USER)
+        for path in (root, root / "users.txt", root / "pgbouncer.ini"):
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+    process = subprocess.Popen(
+        _as_server_user([binary, str(root / "pgbouncer.ini")]),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    bouncer = Bouncer(
+        url=server.url.replace(f":{port_of(server)}/", f":{port}/"), process=process, root=root
+    )
+    try:
+        wait_until_ready(bouncer.url, timeout=30.0)
+    except BaseException:
+        bouncer.destroy()
+        raise
+    return bouncer

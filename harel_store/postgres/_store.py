@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 import weakref
@@ -45,6 +46,8 @@ from ._core import (
 )
 from ._schema import _BATCH, _COPIED, DEFAULT_POOL_SIZE, DEFAULT_SCHEMA
 
+_log = logging.getLogger("harel_store.postgres")
+
 
 def _lifetime(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -77,7 +80,7 @@ class PostgresStore(_transfer.Uncopyable):
     durable = True
     _copy_hint = "open another store on the same conninfo and schema"
 
-    __slots__ = ("__weakref__", "_core", "_listening", "_pool")
+    __slots__ = ("__weakref__", "_core", "_listening", "_polls", "_pool")
 
     def __init__(
         self,
@@ -93,6 +96,7 @@ class PostgresStore(_transfer.Uncopyable):
     ) -> None:
         lifetime = _lifetime(max_lifetime)
         self._pool: _Pool | None = None
+        self._polls = False
         self._listening = threading.Lock()  # wait_for_work's turn on the listener
         psycopg = _import_psycopg()
         core = self._core = _Core(conninfo, trace_max, codec, schema, pool_size, prepare, timeout)
@@ -302,10 +306,22 @@ class PostgresStore(_transfer.Uncopyable):
         import psycopg
 
         pause = _RECONNECT_FIRST
+        polled = 0.0
         while True:
             if pool.closed:  # by close() in another thread, which closed the listener
                 raise _closed()
             try:
+                if not self._core.prepare:
+                    # prepare=False says a transaction pooler (PgBouncer) is in between:
+                    # a LISTEN would stay on whichever server connection ran it.
+                    if self._marks_moved(pool):
+                        return True
+                    left = deadline - time.monotonic()
+                    if left <= 0.0:
+                        return False
+                    polled = min(max(polled * 2.0, _RECONNECT_FIRST), _RECONNECT_MAX, left)
+                    time.sleep(polled)
+                    continue
                 if pool.listener is None and self._listen(pool, deadline):
                     return True
                 # A round trip: the notifications of every commit that returned before
@@ -330,6 +346,22 @@ class PostgresStore(_transfer.Uncopyable):
                     raise _failed(self._core, "wait_for_work", exc) from _cause(self._core, exc)
                 time.sleep(min(pause, left))
                 pause = min(pause * 2.0, _RECONNECT_MAX)
+
+    def _marks_moved(self, pool: _Pool) -> bool:
+        """Whether any seq moved since the marks last read, on a pooled connection."""
+        core = self._core
+        if not self._polls:  # said once per store
+            self._polls = True
+            _log.warning(
+                "wait_for_work polls %s (prepare=False: LISTEN does not cross a transaction "
+                "pooler such as PgBouncer)",
+                core.describe(),
+            )
+        conn = pool.get()
+        try:
+            return core.marks_moved(conn.execute(core.sql.marks, prepare=False).fetchone())
+        finally:
+            pool.put(conn)
 
     def pool_stats(self) -> dict[str, int]:
         """The connection pool's statistics (psycopg-pool's ``get_stats()``: ``pool_size``,

@@ -31,8 +31,9 @@ def mypy(path: Path, cache: Path) -> tuple[str, int]:
 
 
 def test_an_engine_typed_against_the_protocols_takes_every_store(tmp_path: Path) -> None:
-    report, status = mypy(TYPING / "engine.py", tmp_path)
-    assert status == 0, report
+    report, flagged = mypy(TYPING / "engine.py", tmp_path)
+    assert "Success" in report or " error" in report, report  # mypy ran to its summary
+    assert flagged == set(), report
 
 
 def test_misuses_are_refused(tmp_path: Path) -> None:

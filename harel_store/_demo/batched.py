@@ -26,19 +26,65 @@ from .durable import DRIVER, LEDGER, Relay
 from .workflow import NOTHING, REDELIVER_EVERY, RESPAWN_EVERY, Event, add_problem, new_child
 
 _Prepare = Callable[[Any], Commit | None]
+THIN = 4  # a wave of fewer targets than a claim's limit over this claims more work first
 
 
 class _Job:
     """One transition to make on ``target``: ``prepare(exe)`` turns the stored copy (or
     ``None``) into its commit, or returns ``None`` when there is nothing to commit (the
-    event was handled before); ``applied()`` runs once its commit is applied."""
+    event was handled before); ``then()`` runs once its commit is applied. Applied or
+    skipped, ``item`` goes to ``acks`` (when there is one): acked after the job is done."""
 
-    __slots__ = ("applied", "prepare", "target")
+    __slots__ = ("acks", "item", "prepare", "target", "then")
 
-    def __init__(self, target: Any, prepare: _Prepare, applied: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        target: Any,
+        prepare: _Prepare,
+        then: Callable[[], None] | None = None,
+        acks: list[Any] | None = None,
+        item: Any = None,
+    ) -> None:
         self.target = target
         self.prepare = prepare
-        self.applied = applied
+        self.then = then
+        self.acks = acks
+        self.item = item
+
+    def skipped(self) -> None:
+        if self.acks is not None:
+            self.acks.append(self.item)
+
+    def applied(self) -> None:
+        if self.then is not None:
+            self.then()
+        self.skipped()
+
+
+class _Acks:
+    """What a round has handled and not acked yet: outbox seqs, spawn seqs, timers."""
+
+    __slots__ = ("outbox", "spawns", "timers")
+
+    def __init__(self) -> None:
+        self.outbox: list[int] = []
+        self.spawns: list[int] = []
+        self.timers: list[tuple[Any, str, float]] = []
+
+    def __len__(self) -> int:
+        return len(self.outbox) + len(self.spawns) + len(self.timers)
+
+    def flush(self, store: Any) -> None:
+        """One transaction for each kind (after the commits of what they ack)."""
+        if self.timers:
+            store.delete_timer_many(list(self.timers))
+            self.timers.clear()
+        if self.spawns:
+            store.ack_spawn_many(list(self.spawns))
+            self.spawns.clear()
+        if self.outbox:
+            store.ack_outbox_many(list(self.outbox))
+            self.outbox.clear()
 
 
 class BatchRelay(Relay):
@@ -47,57 +93,21 @@ class BatchRelay(Relay):
     def round(self) -> int:
         store = self.store
         done = self._redeliver()
-        outbox = store.claim_outbox(self.limit, lease=self.lease)
-        spawns = store.claim_spawns(self.limit, lease=self.lease)
-        driver = store.load(DRIVER)
-        if driver is None:  # the run is over and forgotten
-            self.phase = "gone"
-            return done
-        self.phase = driver.context["phase"]
-        self.now = now = driver.context["now"]
-        timers = store.claim_due_timers(now, self.limit, lease=self.lease)
-        jobs: list[_Job] = []
-        acks: list[int] = []
-        spawn_acks: list[int] = []
-        for execution_id, path, fire_at in timers:
-            event = (f"timeout:{path}@{fire_at}", "timeout", None, path)
-            jobs.append(self._delivery(execution_id, event, self._fired))
-        for entry in spawns:
-            jobs.append(self._spawning(entry, spawn_acks))
-        for entry in outbox:
-            seq, target, event = entry
-            if target is None:
-                if event[1] == "order_finished":
-                    jobs.append(self._retiring(event))
-            else:
-                jobs.append(self._delivery(target, event, _nothing))
-                if seq % REDELIVER_EVERY == 0:
-                    self._lost_acks.append(entry)  # the ack is lost: delivered again next round
-                    self.outbox_crashes += 1
-                    continue
-            acks.append(seq)
-        if not self.waves(jobs):
-            return done
-        if timers:
-            store.delete_timer_many(timers)
-        if spawn_acks:
-            store.ack_spawn_many(spawn_acks)
-        if acks:
-            store.ack_outbox_many(acks)
-        return done + len(timers) + len(spawns) + len(outbox)
-
-    def waves(self, jobs: list[_Job]) -> bool:
-        """Make every transition of ``jobs``, each execution's in their order; ``False``
-        if :attr:`stopped` said to stop first."""
         queues: dict[Any, deque[_Job]] = {}
-        for job in jobs:
-            queues.setdefault(job.target, deque()).append(job)
-        load = self.store.load
+        acks = _Acks()
+        claimed = self._claim(queues, acks, timers=True)
+        if claimed is None:
+            return done
+        load = store.load
         fresh: dict[Any, Any] = {}  # copies known to be the stored ones
         refused = 0
         while queues:
             if self.stopped():
-                return False
+                return done + claimed
+            if len(queues) < self.limit // THIN:
+                # A thin wave (a shared execution's events go one per wave): what the
+                # last waves caused may fill it.
+                claimed += self._claim(queues, acks, timers=False) or 0
             commits: list[Commit] = []
             targets: list[Any] = []
             for target in list(queues):
@@ -110,7 +120,7 @@ class BatchRelay(Relay):
                         commits.append(commit)
                         targets.append(target)
                         break
-                    queue.popleft()
+                    queue.popleft().skipped()
                 if not queue:
                     del queues[target]
             if not commits:
@@ -133,14 +143,58 @@ class BatchRelay(Relay):
             refused = refused + 1 if conflicts == len(commits) else 0
             if refused > 2:  # only conflicts, again: let the other writer through
                 time.sleep(random.random() * 0.001 * refused)
-        return True
+            if len(acks) >= self.limit:
+                acks.flush(store)
+        acks.flush(store)
+        return done + claimed
+
+    def _claim(self, queues: dict[Any, deque[_Job]], acks: _Acks, *, timers: bool) -> int | None:
+        """Claim outbox entries and spawn intents (and with ``timers`` due timers) and
+        queue their jobs; how many were claimed, ``None`` when the run is gone."""
+        store = self.store
+        outbox = store.claim_outbox(self.limit, lease=self.lease)
+        spawns = store.claim_spawns(self.limit, lease=self.lease)
+        due: list[Any] = []
+        if timers:
+            # Read after the claims: while a relay holds work the clock cannot move, so
+            # this is the tick the claimed work belongs to.
+            driver = store.load(DRIVER)
+            if driver is None:  # the run is over and forgotten
+                self.phase = "gone"
+                return None
+            self.phase = driver.context["phase"]
+            self.now = now = driver.context["now"]
+            due = store.claim_due_timers(now, self.limit, lease=self.lease)
+        jobs: list[_Job] = []
+        for triple in due:
+            execution_id, path, fire_at = triple
+            event = (f"timeout:{path}@{fire_at}", "timeout", None, path)
+            jobs.append(self._delivery(execution_id, event, acks.timers, triple, fired=True))
+        for entry in spawns:
+            jobs.append(self._spawning(entry, acks.spawns))
+        for entry in outbox:
+            seq, target, event = entry
+            if target is None:
+                if event[1] == "order_finished":
+                    jobs.append(self._retiring(event, acks.outbox, seq))
+                else:  # "tick" and "stop" only wake relays up
+                    acks.outbox.append(seq)
+                continue
+            if seq % REDELIVER_EVERY == 0:
+                self._lost_acks.append(entry)  # the ack is lost: delivered again next round
+                self.outbox_crashes += 1
+                jobs.append(self._delivery(target, event, None, seq))
+            else:
+                jobs.append(self._delivery(target, event, acks.outbox, seq))
+        for job in jobs:
+            queues.setdefault(job.target, deque()).append(job)
+        return len(due) + len(spawns) + len(outbox)
 
     # -- the jobs ---------------------------------------------------------------------
 
-    def _fired(self) -> None:
-        self.timers_fired += 1
-
-    def _delivery(self, target: Any, event: Event, then: Callable[[], None]) -> _Job:
+    def _delivery(
+        self, target: Any, event: Event, acks: list[Any] | None, item: Any, *, fired: bool = False
+    ) -> _Job:
         event_id = event[0]
 
         def prepare(exe: Any) -> Commit | None:
@@ -156,9 +210,9 @@ class BatchRelay(Relay):
 
         def applied() -> None:
             self.delivered += 1
-            then()
+            self.timers_fired += fired
 
-        return _Job(target, prepare, applied)
+        return _Job(target, prepare, applied, acks, item)
 
     def _spawning(self, entry: Any, acks: list[int]) -> _Job:
         seq, parent_id, child_id, root_path, context = entry
@@ -182,7 +236,7 @@ class BatchRelay(Relay):
 
         return _Job(child_id, prepare, applied)
 
-    def _retiring(self, event: Event) -> _Job:
+    def _retiring(self, event: Event, acks: list[int], seq: int) -> _Job:
         event_id, order_id = event[0], event[2]
         tally: list[dict[str, Any]] = []  # read once, however many tries
 
@@ -208,8 +262,4 @@ class BatchRelay(Relay):
         def applied() -> None:
             self.retired += 1
 
-        return _Job(LEDGER, prepare, applied)
-
-
-def _nothing() -> None:
-    pass
+        return _Job(LEDGER, prepare, applied, acks, seq)

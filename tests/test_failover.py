@@ -11,6 +11,7 @@ minute on two cores.
 from __future__ import annotations
 
 import contextlib
+import logging
 import subprocess
 import sys
 import time
@@ -140,8 +141,9 @@ def lines(path: Path) -> list[str]:
 
 
 def test_writers_and_a_relay_continue_on_the_promoted_standby(
-    pair: tuple[_pg.Server, _pg.Server], tmp_path: Path
+    pair: tuple[_pg.Server, _pg.Server], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="harel_store")
     primary, standby = pair
     url = ha_url(primary, standby)
     schema = SCHEMA["before"] = _pg.fresh_schema()
@@ -181,6 +183,13 @@ def test_writers_and_a_relay_continue_on_the_promoted_standby(
         # wait_for_work, whose listening connection was on the old primary, wakes on
         # the new one: the writers commit there.
         assert listener.wait_for_work(30.0) is True
+        # Its pooled connection, on the old primary, is found dead and replaced by one
+        # to the new: each logged once.
+        assert listener.load("w0") is not None
+        moved = [r for r in caplog.records if "no longer to" in r.getMessage()]
+        assert len(moved) == 1 and f":{_pg.port_of(standby)}," in moved[0].getMessage()
+        assert listener.load("w1") is not None
+        assert len([r for r in caplog.records if "no longer to" in r.getMessage()]) == 1
         stop.touch()
         for proc, out in procs:
             assert proc.wait(timeout=120) == 0, (out.with_suffix(".err")).read_text()
@@ -206,11 +215,12 @@ def test_writers_and_a_relay_continue_on_the_promoted_standby(
 
 
 def test_the_old_primary_back_as_a_read_only_standby(
-    pair: tuple[_pg.Server, _pg.Server],
+    pair: tuple[_pg.Server, _pg.Server], caplog: pytest.LogCaptureFixture
 ) -> None:
     """After the failover of the test above: the old primary returns read-only, still
     first in the URL. A store on the URL commits on the new primary; a store on the old
     one alone gets a StoreError to retry, and its connection is discarded."""
+    caplog.set_level(logging.INFO, logger="harel_store")
     old, new = pair
     if "before" not in SCHEMA:
         pytest.skip("runs after the failover of the test above")
@@ -229,10 +239,13 @@ def test_the_old_primary_back_as_a_read_only_standby(
         assert stale._pool is not None
         idle = list(stale._pool._pool._pool)  # psycopg-pool's idle connections
         exe = Execution(id="refused")
+        caplog.clear()
         with pytest.raises(StoreError, match="Retry: the session is read-only"):
             stale.commit(exe, [], commit_id="refused-1")
         assert exe.version == 0
         assert all(conn.closed for conn in idle)
+        closing = [r for r in caplog.records if "closing a connection" in r.getMessage()]
+        assert len(closing) == 1 and "SQLSTATE 25006" in closing[0].getMessage()
         with pytest.raises(StoreError, match="read-only"):
             stale.commit(exe, [], commit_id="refused-1")
         assert stale.pool_stats()["connections_num"] >= 2  # a new one for each try

@@ -26,6 +26,8 @@ from ._core import (
     _Query,
 )
 
+_log = logging.getLogger("harel_store.postgres")
+
 # --- running the core: connections ----------------------------------------------------------
 
 
@@ -213,6 +215,7 @@ def _run_on(conn: Any, op: _Op, query: _Query) -> Any:
         op.close()  # now: what it sets back on failure (a commit's version) is set back
         _after_error(conn, exc)
         if _condemned(exc):
+            _discarding(conn, exc)
             with contextlib.suppress(Exception):
                 conn.close()
         clear = _clear(exc)
@@ -251,12 +254,28 @@ async def _arun_on(conn: Any, op: _Op, query: _Query) -> Any:
             with contextlib.suppress(Exception):
                 await conn.rollback()
         if _condemned(exc):
+            _discarding(conn, exc)
             with contextlib.suppress(Exception):
                 await conn.close()
         clear = _clear(exc)
         if clear is exc:
             raise
         raise clear from exc
+
+
+def _server_of(conn: Any) -> str:
+    """The host and port ``conn`` was made to (``?`` once libpq has let go of them)."""
+    try:
+        return f"{conn.pgconn.host.decode()}:{conn.pgconn.port.decode()}"
+    except Exception:  # noqa: BLE001 - a log line's detail
+        return "?"
+
+
+def _discarding(conn: Any, exc: BaseException) -> None:
+    """Log a connection closed for ``exc`` (read-only or leaving server, or lost)."""
+    code = _sqlstate(exc)
+    why = f"SQLSTATE {code}" if code else _LOST
+    _log.warning("closing a connection to %s, not to be used again: %s", _server_of(conn), why)
 
 
 # The one table whose unique violation a commit reads as a race (another try of the same
@@ -328,7 +347,6 @@ _SETUP = {
     "3D000": "the database does not exist",
 }
 _LOST = "the connection was lost"
-_log = logging.getLogger("harel_store.postgres")
 _CONDEMNING = frozenset(["25006", "57P01", "57P02", "57P03"])
 
 
@@ -507,7 +525,7 @@ class _Pool:
     once. When no connection comes in time because none can be made, one attempt in
     the calling thread says why (the pool's workers only log it)."""
 
-    __slots__ = ("_core", "_pool", "closed", "listener")
+    __slots__ = ("_core", "_pool", "_server", "closed", "listener")
 
     def __init__(self, core: _Core, max_lifetime: float) -> None:
         from psycopg_pool import ConnectionPool
@@ -515,12 +533,13 @@ class _Pool:
         self._core = core
         self.closed = False
         self.listener: Any = None  # wait_for_work's connection, outside the count
+        self._server: str | None = None  # where the last new connection went
         self._pool: Any = ConnectionPool(
             core.conninfo,
             kwargs=_connect_kwargs(core),
             min_size=1,
             max_size=core.pool_size,
-            configure=_adapt,
+            configure=self._configure,
             timeout=core.timeout,
             max_lifetime=max_lifetime,
             name=f"harel_store {core.describe()}",
@@ -537,6 +556,20 @@ class _Pool:
         except BaseException:
             self.close()
             raise
+
+    def _configure(self, conn: Any) -> None:
+        """Each new connection of the pool: the adapters, and a log line when it went to
+        another server than the one before (a failover, with a multi-host URL)."""
+        _adapt(conn)
+        server, before = _server_of(conn), self._server
+        self._server = server
+        if before is not None and server != before:
+            _log.warning(
+                "%s: new connections go to %s, no longer to %s (a failover?)",
+                self._core.describe(),
+                server,
+                before,
+            )
 
     def get(self) -> Any:
         """A sound connection; raises ``StoreError`` when none comes within the store's

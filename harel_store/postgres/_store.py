@@ -550,6 +550,9 @@ class PostgresStore(_transfer.Uncopyable):
                 if attempt or not _may_retry(exc, name):
                     shown = _public(name, args)
                     raise _failed(self._core, shown, exc, name in _NO_RETRY) from exc
+                _log.info(
+                    "%s: retrying %s after %s", self._core.describe(), name, type(exc).__name__
+                )
             finally:
                 pool.put(conn)
         raise AssertionError("unreachable")

@@ -197,7 +197,7 @@ def test_the_help_lists_the_commands_and_the_exit_codes(
     out = capsys.readouterr().out
     assert out.startswith(f"usage: {PROG} ")
     assert re.search(r"^  demo  ", out, re.MULTILINE)
-    assert re.search(r"^  copy  copy everything a store holds", out, re.MULTILINE)
+    assert re.search(r"^  copy +copy everything a store holds", out, re.MULTILINE)
     assert "130 and 143 stopped by SIGINT (Ctrl-C) and SIGTERM" in out
 
 

@@ -26,6 +26,7 @@ PUBLIC_MODULES = (
     "harel_store.sqlite",
     "harel_store.postgres",
     "harel_store.statemachine",
+    "harel_store.metrics",
 )
 # Named by the reference whatever their module's __all__ says.
 PUBLIC_CLASSES = (
@@ -45,6 +46,9 @@ PROGRAM = re.compile(r"^\s*\.\. program::\s+(.+)$", re.MULTILINE)
 COMMANDS = {  # the command lines of docs/cli.rst, and their arguments
     "python -m harel_store": (),
     "python -m harel_store copy": ("copy",),
+    "python -m harel_store inspect": ("inspect",),
+    "python -m harel_store show": ("show",),
+    "python -m harel_store prune": ("prune",),
 }
 
 # The release checks (tools/check_dists.sh, cibuildwheel) run the suite against an

@@ -916,7 +916,10 @@ def test_a_newer_schema_is_refused_unchanged(path: Path) -> None:
 # A row the schema made and needs, missing or malformed: each as the SQL that damages it,
 # and what the refusal says the table holds.
 DAMAGED_ROWS = {
-    "version-twice": ("INSERT INTO harel_store_schema VALUES (1)", "harel_store_schema", "(1,), (1,)"),
+    "version-twice": (
+        f"INSERT INTO harel_store_schema VALUES ({SCHEMA_VERSION})", "harel_store_schema",
+        f"({SCHEMA_VERSION},), ({SCHEMA_VERSION},)",
+    ),
     "version-lost": ("DELETE FROM harel_store_schema", "harel_store_schema", ""),
     "version-text": ("UPDATE harel_store_schema SET version = 'one'", "harel_store_schema", "('one',)"),
     "version-negative": ("UPDATE harel_store_schema SET version = -1", "harel_store_schema", "(-1,)"),
@@ -1013,7 +1016,7 @@ def test_an_older_schema_is_migrated(path: Path, monkeypatch: pytest.MonkeyPatch
         assert [e.event for e in store.pending_outbox()] == ["kept"]
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("SELECT version FROM harel_store_schema").fetchall() == [(2,)]
+        assert conn.execute("SELECT version FROM harel_store_schema").fetchall() == [(len(later),)]
         assert conn.execute("SELECT count(*) FROM later_feature").fetchone() == (0,)
     finally:
         conn.close()
@@ -1810,7 +1813,9 @@ def bulk_fill(store: SqliteStore, n: int) -> None:
         "INSERT INTO spawns (parent_id, child_id, root_path, context) VALUES (?, 'c', '\"r\"', '{}')",
         [(i,) for i in ids],
     )
-    conn.executemany("INSERT INTO processed VALUES (?, 'ev')", [(i,) for i in ids])
+    conn.executemany(
+        "INSERT INTO processed (execution_id, event_id) VALUES (?, 'ev')", [(i,) for i in ids]
+    )
     conn.executemany(
         "INSERT INTO timers (execution_id, path, fire_at) VALUES (?, 'p', ?)",
         [(i, 1e9 + k) for k, i in enumerate(ids)],

@@ -22,6 +22,9 @@ __all__ = ["COMMANDS", "DEFAULT", "command", "main"]
 COMMANDS: dict[str, str] = {
     "demo": "demo",
     "copy": "copy",
+    "inspect": "inspect",
+    "show": "show",
+    "prune": "prune",
 }
 DEFAULT = "demo"  # the command of a command line that names none
 SHARED_FLAGS = frozenset({"-q", "--quiet"})  # every command takes these: they may come first

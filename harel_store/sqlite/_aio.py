@@ -220,6 +220,18 @@ class AsyncSqliteStore(_transfer.Uncopyable):
             await asyncio.sleep(min(pause, left))
             pause = min(pause * 2.0, _POLL_MAX)
 
+    async def overview(self, *, now: float | None = None) -> dict[str, Any]:
+        """See :meth:`SqliteStore.overview`."""
+        return await self._call("overview", now=now)  # type: ignore[no-any-return]
+
+    async def list_executions(self, *, after: str | None = None, limit: int = 100) -> list[str]:
+        """See :meth:`SqliteStore.list_executions`."""
+        return await self._call("list_executions", after=after, limit=limit)  # type: ignore[no-any-return]
+
+    async def prune(self, older_than: float) -> dict[str, int]:
+        """See :meth:`SqliteStore.prune`; it runs on the store's thread."""
+        return await self._call("prune", older_than)  # type: ignore[no-any-return]
+
     async def close(self) -> None:
         """Close the database on the store's thread, after the calls queued before it,
         then let the thread end. The close is queued at once, so it happens even if

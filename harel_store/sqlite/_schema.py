@@ -5,13 +5,16 @@ upgraded. The schema is read here, so a test that swaps ``MIGRATIONS`` patches t
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import time
 
 from .._errors import StoreError
+from . import _operate
 from ._connection import _MEMORY, _is_busy, _rollback
 
 SCHEMA_TABLE = "harel_store_schema"
+_log = logging.getLogger("harel_store.sqlite")
 
 # MIGRATIONS[v] takes a database from schema version v to v + 1; never edit a released one.
 MIGRATIONS: list[tuple[str, ...]] = [
@@ -64,6 +67,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE TABLE work (id INTEGER PRIMARY KEY CHECK (id = 1), n INTEGER NOT NULL)",
         "INSERT INTO work (id, n) VALUES (1, 0)",
     ),
+    _operate.MIGRATION,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 # What the migrations make, by name: a database at SCHEMA_VERSION must hold all of it.
@@ -189,6 +193,8 @@ def _prepare_once(conn: sqlite3.Connection, path: str, synchronous: str) -> None
                 conn.execute(sql)
             conn.execute(f"UPDATE {SCHEMA_TABLE} SET version = ?", (step + 1,))
         conn.execute("COMMIT")
+        if version:
+            _log.info("%s: schema migrated from version %d to %d", path, version, SCHEMA_VERSION)
     except BaseException:
         _rollback(conn)
         raise

@@ -14,7 +14,7 @@ from .. import _checks, _codec, _transfer
 from .._digest import body_digest
 from .._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError, reason
 from .._records import DEFAULT_TRACE_MAX, Commit, OutboxEntry, SpawnEntry, TimerOp
-from . import _batch, _copying
+from . import _batch, _copying, _operate
 from ._connection import (
     _begin,
     _closed,
@@ -635,6 +635,25 @@ class SqliteStore(_transfer.Uncopyable):
             time.sleep(min(pause, left))
             pause = min(pause * 2.0, _POLL_MAX)
         return True
+
+    def overview(self, *, now: float | None = None) -> dict[str, Any]:
+        """What the store holds, for an operator: row counts (``executions``, ``outbox``,
+        ``spawns``, ``timers``, ``processed``, ``commit_ids``), the age in seconds of the oldest
+        pending outbox and spawn entry, live and expired leases, the timers due at
+        ``now`` and the next one after it; ``now`` defaults to the store's clock), read
+        in one statement from indexes and table counts. The README lists the keys."""
+        return _operate.overview(self, now)
+
+    def list_executions(self, *, after: str | None = None, limit: int = 100) -> list[str]:
+        """Up to ``limit`` execution ids in id order, those after ``after`` (the last id of
+        the previous page)."""
+        return _operate.list_executions(self, after, limit)
+
+    def prune(self, older_than: float) -> dict[str, int]:
+        """Delete the processed marks and commit ids recorded more than ``older_than``
+        seconds ago, in every execution, a few thousand rows per transaction; how many
+        of each it deleted. An event whose mark was pruned is no longer deduplicated."""
+        return _operate.prune(self, older_than)
 
     def close(self) -> None:
         """Close the database connection; a second close does nothing. Every other method

@@ -1,0 +1,61 @@
+"""What every store's ``overview``, ``list_executions`` and ``prune`` share: the checks of
+their arguments, the keys of an overview, and the durations the command line takes."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from ._checks import as_limit, as_time
+from ._errors import shown
+
+# The figures of an overview, in the order the command line prints them.
+OVERVIEW_KEYS = (
+    "executions", "outbox", "spawns", "timers", "processed", "commit_ids",
+    "outbox_oldest_age", "spawns_oldest_age", "outbox_leased", "spawns_leased",
+    "timers_leased", "expired_leases", "timers_due", "next_timer_at",
+)  # fmt: skip
+PRUNE_KEYS = ("processed", "commit_ids")
+PRUNE_BATCH = 5000  # rows a durable store deletes per transaction while pruning
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+
+
+def as_older_than(value: Any) -> float:
+    """``older_than`` of ``prune``: seconds, finite and at least 0."""
+    seconds = value if type(value) is float else as_time(value, "older_than")
+    if not 0.0 <= seconds < math.inf:
+        raise ValueError(
+            f"older_than must be a finite number of seconds, at least 0, got {shown(value)}"
+        )
+    return seconds
+
+
+def as_after(value: Any) -> Any:
+    """``after`` of ``list_executions`` on a durable store: ``None`` or a ``str``."""
+    if value is not None and type(value) is not str:
+        raise TypeError(f"after must be None or an execution id (str), got {shown(value)}")
+    return value
+
+
+def as_page(value: Any) -> int:
+    """``limit`` of ``list_executions``."""
+    return as_limit(value)
+
+
+def duration(text: str) -> float:
+    """Seconds of a duration written as a number and a unit: ``90s``, ``15m``, ``12h``,
+    ``7d``; a ``ValueError`` naming the accepted form otherwise."""
+    found = _DURATION.fullmatch(text.strip())
+    if found is None:
+        raise ValueError(
+            f"{text!r} is not a duration: write a number and one of s, m, h, d (e.g. 7d, 12h)"
+        )
+    return float(found.group(1)) * _UNITS[found.group(2)]
+
+
+def age(now: float, then: float | None) -> float | None:
+    """Seconds from ``then`` to ``now`` (never below 0), ``None`` for no ``then``."""
+    return None if then is None else max(0.0, now - then)

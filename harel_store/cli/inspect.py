@@ -1,0 +1,93 @@
+"""``python -m harel_store inspect URL``: what a store holds, one line a figure
+(``--json``: one object), or its figures served to Prometheus (``--serve PORT``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, cast
+
+from .._operate import OVERVIEW_KEYS
+from ._common import PROG as COMMAND_LINE
+from ._common import Command, Failed, StoreURL, UsageError, execute
+from ._common import whole_number as _whole_number
+
+PROG = f"{COMMAND_LINE} inspect"
+SUMMARY = "show what a store holds: counts, queue ages, leases, timers (URL)"
+DESCRIPTION = (
+    "Print the overview of the store at URL, one line a figure: how many executions, "
+    "outbox and spawn entries, timers, processed marks and commit ids it holds; how old "
+    "the oldest pending outbox and spawn entries are; the live and expired leases; the "
+    "timers due now and when the next one fires. --json prints it as one JSON object; "
+    "--serve PORT serves it to Prometheus on http://HOST:PORT/metrics until stopped. "
+    "Exits 0, 1 when the store cannot be read, 2 for a usage error (a bad URL)."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("url", metavar="URL", help="sqlite:///path.db or postgresql://...")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--serve", metavar="PORT", type=_whole_number, help="serve /metrics on PORT"
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address --serve listens on")
+    parser.add_argument("-q", "--quiet", action="store_true", help="nothing on stderr")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m harel_store inspect ARGV``: its exit code."""
+    return execute(
+        cast(Command, sys.modules[__name__]), PROG, sys.argv[1:] if argv is None else argv
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    url = StoreURL(args.url, "URL")
+    store = open_existing(url)
+    try:
+        if args.serve is not None:
+            from ._serve import serve
+
+            return serve(store, url, args.host, args.serve, quiet=args.quiet)
+        figures = read(store, url)
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps(figures))
+    else:
+        width = max(map(len, OVERVIEW_KEYS))
+        for key in OVERVIEW_KEYS:
+            print(f"{key:<{width}}  {shown(figures[key])}")
+    return 0
+
+
+def shown(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def read(store: Any, url: StoreURL) -> dict[str, Any]:
+    try:
+        return cast(dict[str, Any], store.overview())
+    except Exception as exc:  # noqa: BLE001 - a store's or a driver's, said in one line
+        raise Failed(f"cannot read {url.named}: {exc}") from None
+
+
+def open_existing(url: StoreURL) -> Any:
+    """The store at ``url``, opened; a :class:`UsageError` for a SQLite file that does not
+    exist or holds nothing (opening it would make a database of it)."""
+    from .._open import sqlite_file
+    from .copy import _unfit_source
+
+    url.check()
+    path = sqlite_file(url.url)
+    if path is not None:
+        problem = _unfit_source(path)
+        if problem is not None:
+            raise UsageError(f"cannot open {url.shown}: {problem}")
+    return url.open()

@@ -1,0 +1,212 @@
+"""Seeing what a SQLite store holds and pruning it (PRODUCTION.md sections 8 and 9): the
+schema step that adds when outbox and spawn entries were committed and when marks and
+commit ids were recorded (wall-clock seconds, the database's ``julianday('now')``), the
+indexes the overview reads, and the queries. Rows that predate the step count as made at
+the migration."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import TYPE_CHECKING, Any
+
+from .. import _checks, _operate
+from ._connection import _begin, _closed, _id, _read_failed, _rollback, _write_failed
+
+if TYPE_CHECKING:
+    from ._store import SqliteStore
+
+NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+
+
+def _rebuild(table: str, columns: str, shape: str, stamp: str, key: str = "") -> tuple[str, ...]:
+    """Statements giving ``table`` a ``stamp`` column defaulting to the time of the insert:
+    SQLite adds no column with such a default, so the table is made anew and filled. The
+    queues keep their AUTOINCREMENT; the other tables are WITHOUT ROWID, as before."""
+    steps: tuple[str, ...] = (
+        f"ALTER TABLE {table} RENAME TO old_{table}",
+        f"CREATE TABLE {table} ({shape}, {stamp} REAL NOT NULL DEFAULT ({NOW})"
+        + (f", PRIMARY KEY ({key})) WITHOUT ROWID" if key else ")"),
+        f"INSERT INTO {table} ({columns}) SELECT {columns} FROM old_{table}",
+    )
+    if not key:  # the AUTOINCREMENT high-water mark goes on: no seq is ever handed out twice
+        steps += (
+            f"DELETE FROM sqlite_sequence WHERE name = '{table}'",
+            f"UPDATE sqlite_sequence SET name = '{table}' WHERE name = 'old_{table}'",
+        )
+    return (*steps, f"DROP TABLE old_{table}")
+
+
+# Schema version 1 -> 2.
+MIGRATION: tuple[str, ...] = (
+    *_rebuild(
+        "outbox",
+        "seq, target_id, event, lease_until",
+        "seq INTEGER PRIMARY KEY AUTOINCREMENT, target_id TEXT, event BLOB NOT NULL,"
+        " lease_until REAL NOT NULL DEFAULT 0",
+        "committed_at",
+    ),
+    *_rebuild(
+        "spawns",
+        "seq, parent_id, child_id, root_path, context, lease_until",
+        "seq INTEGER PRIMARY KEY AUTOINCREMENT, parent_id TEXT NOT NULL,"
+        " child_id TEXT NOT NULL, root_path BLOB NOT NULL, context BLOB NOT NULL,"
+        " lease_until REAL NOT NULL DEFAULT 0",
+        "committed_at",
+    ),
+    *_rebuild(
+        "processed",
+        "execution_id, event_id",
+        "execution_id TEXT NOT NULL, event_id TEXT NOT NULL",
+        "recorded_at",
+        "execution_id, event_id",
+    ),
+    *_rebuild(
+        "commit_ids",
+        "execution_id, commit_id, digest, version",
+        "execution_id TEXT NOT NULL, commit_id TEXT NOT NULL, digest BLOB NOT NULL,"
+        " version INTEGER NOT NULL",
+        "recorded_at",
+        "execution_id, commit_id",
+    ),
+    # Partial: a claim's "lease_until <= ?" cannot use them, so claims keep their plan.
+    "CREATE INDEX outbox_leases ON outbox (lease_until) WHERE lease_until > 0",
+    "CREATE INDEX spawns_leases ON spawns (lease_until) WHERE lease_until > 0",
+    "CREATE INDEX timers_leases ON timers (lease_until) WHERE lease_until > 0",
+    "CREATE INDEX processed_by_recorded_at ON processed (recorded_at)",
+    "CREATE INDEX commit_ids_by_recorded_at ON commit_ids (recorded_at)",
+)
+
+_OVERVIEW = (
+    "SELECT (SELECT count(*) FROM executions), (SELECT count(*) FROM outbox),"
+    " (SELECT count(*) FROM spawns), (SELECT count(*) FROM timers),"
+    " (SELECT count(*) FROM processed), (SELECT count(*) FROM commit_ids),"
+    " (SELECT committed_at FROM outbox ORDER BY seq LIMIT 1),"
+    " (SELECT committed_at FROM spawns ORDER BY seq LIMIT 1),"
+    " (SELECT count(*) FROM outbox WHERE lease_until > 0 AND lease_until > ?1),"
+    " (SELECT count(*) FROM spawns WHERE lease_until > 0 AND lease_until > ?1),"
+    " (SELECT count(*) FROM timers WHERE lease_until > 0 AND lease_until > ?1),"
+    " (SELECT count(*) FROM outbox WHERE lease_until > 0 AND lease_until <= ?1)"
+    " + (SELECT count(*) FROM spawns WHERE lease_until > 0 AND lease_until <= ?1)"
+    " + (SELECT count(*) FROM timers WHERE lease_until > 0 AND lease_until <= ?1),"
+    " (SELECT count(*) FROM timers WHERE fire_at <= ?2),"
+    " (SELECT min(fire_at) FROM timers WHERE fire_at > ?2),"
+    f" {NOW}"
+)
+_LIST = "SELECT id FROM executions WHERE id > ? ORDER BY id LIMIT ?"
+_LIST_FIRST = "SELECT id FROM executions ORDER BY id LIMIT ?"
+_PRUNE = {
+    table: (
+        f"DELETE FROM {table} WHERE (execution_id, {key}) IN (SELECT execution_id, {key}"
+        f" FROM {table} WHERE recorded_at < {NOW} - ? ORDER BY recorded_at LIMIT ?)"
+    )
+    for table, key in (("processed", "event_id"), ("commit_ids", "commit_id"))
+}
+_SHOW = {
+    "epoch": "SELECT epoch FROM executions WHERE id = ?",
+    "outbox": "SELECT seq, event, lease_until, committed_at FROM outbox WHERE target_id = ?"
+    " ORDER BY seq",
+    "spawns": "SELECT seq, parent_id, child_id, lease_until, committed_at FROM spawns"
+    " WHERE parent_id = ? OR child_id = ? ORDER BY seq",
+    "timers": "SELECT path, fire_at, lease_until FROM timers WHERE execution_id = ?"
+    " ORDER BY fire_at, seq",
+    "processed": "SELECT count(*) FROM processed WHERE execution_id = ?",
+    "commit_ids": "SELECT count(*) FROM commit_ids WHERE execution_id = ?",
+}
+
+
+def overview(store: SqliteStore, now: Any) -> dict[str, Any]:
+    """The figures of PRODUCTION.md section 8, read in one statement (one snapshot)."""
+    clock = store._now()
+    now = clock if now is None else _checks.as_now(now)
+    row = store._read_one(_OVERVIEW, (clock, now))
+    figures = dict(zip(_operate.OVERVIEW_KEYS, row))
+    wall = row[-1]
+    figures["outbox_oldest_age"] = _operate.age(wall, figures["outbox_oldest_age"])
+    figures["spawns_oldest_age"] = _operate.age(wall, figures["spawns_oldest_age"])
+    return figures
+
+
+def list_executions(store: SqliteStore, after: Any, limit: Any) -> list[str]:
+    after = _operate.as_after(after)
+    limit = _operate.as_page(limit)
+    if after is None:
+        rows = store._read(_LIST_FIRST, (limit,))
+    else:
+        rows = store._read(_LIST, (after, limit))
+    return [eid for (eid,) in rows]
+
+
+def prune(store: SqliteStore, older_than: Any, batch: int = _operate.PRUNE_BATCH) -> dict[str, int]:
+    """Delete what was recorded more than ``older_than`` seconds ago, a transaction per
+    ``batch`` rows; the lock is let go between batches, so committers wait one batch at
+    most."""
+    older_than = _operate.as_older_than(older_than)
+    deleted = dict.fromkeys(_operate.PRUNE_KEYS, 0)
+    for table in _operate.PRUNE_KEYS:
+        while True:
+            n = _delete(store, _PRUNE[table], (older_than, batch))
+            deleted[table] += n
+            if n < batch:
+                break
+    return deleted
+
+
+def _delete(store: SqliteStore, sql: str, params: tuple[Any, ...]) -> int:
+    with store._lock:
+        conn = store._conn
+        if conn is None:
+            raise _closed()
+        _begin(conn, store._path)
+        try:
+            n = conn.execute(sql, params).rowcount
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            _rollback(conn)
+            if isinstance(exc, sqlite3.Error):
+                raise _write_failed(store._path, exc) from exc
+            raise
+    return n
+
+
+def show(store: SqliteStore, execution_id: Any) -> dict[str, Any] | None:
+    """One execution as the ``show`` command prints it, read in one snapshot; ``None``
+    when the store holds nothing of it."""
+    _id(execution_id, "execution_id")
+    decode = store._codec.decode_value
+    eid = execution_id
+    exe = store.load(eid)
+    trace = store.read_trace(eid)
+    with store._lock:
+        conn = store._conn
+        if conn is None:
+            raise _closed()
+        try:
+            epoch = conn.execute(_SHOW["epoch"], (eid,)).fetchone()
+            outbox = conn.execute(_SHOW["outbox"], (eid,)).fetchall()
+            spawns = conn.execute(_SHOW["spawns"], (eid, eid)).fetchall()
+            timers = conn.execute(_SHOW["timers"], (eid,)).fetchall()
+            (marks,) = conn.execute(_SHOW["processed"], (eid,)).fetchone()
+            (commits,) = conn.execute(_SHOW["commit_ids"], (eid,)).fetchone()
+            (wall,) = conn.execute(f"SELECT {NOW}").fetchone()
+        except sqlite3.Error as exc:
+            raise _read_failed(store._path, exc) from exc
+    if exe is None and not (outbox or spawns or timers or marks or commits or trace):
+        return None
+    return {
+        "id": eid,
+        "execution": exe,
+        "version": None if exe is None else exe.version,
+        "epoch": None if epoch is None else epoch[0],
+        "outbox": [
+            {"seq": s, "event": decode(e), "leased_until": lu or None, "age": wall - at}
+            for s, e, lu, at in outbox
+        ],
+        "spawns": [
+            {"seq": s, "parent_id": p, "child_id": c, "leased_until": lu or None, "age": wall - at}
+            for s, p, c, lu, at in spawns
+        ],
+        "timers": [{"path": p, "fire_at": f, "leased_until": lu or None} for p, f, lu in timers],
+        "trace": trace,
+        "processed": marks,
+        "commit_ids": commits,
+    }

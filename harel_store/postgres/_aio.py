@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 from .._group import Group
-from . import _batch
+from . import _batch, _operate
 from ._connections import (
     _adapt,
     _arun_on,
@@ -223,6 +223,18 @@ class AsyncPostgresStore(_transfer.Uncopyable):
 
     async def forget(self, execution_id: str) -> None:
         await self._run("forget", execution_id)
+
+    async def overview(self, *, now: float | None = None) -> dict[str, Any]:
+        """See :meth:`PostgresStore.overview`."""
+        return await self._run("overview", now)  # type: ignore[no-any-return]
+
+    async def list_executions(self, *, after: str | None = None, limit: int = 100) -> list[str]:
+        """See :meth:`PostgresStore.list_executions`."""
+        return await self._run("list_executions", after, limit)  # type: ignore[no-any-return]
+
+    async def prune(self, older_than: float) -> dict[str, int]:
+        """See :meth:`PostgresStore.prune`."""
+        return await _operate.aprune(self._run, older_than)
 
     async def stats(self) -> dict[str, int]:
         return await self._run("stats")  # type: ignore[no-any-return]

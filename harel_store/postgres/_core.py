@@ -16,7 +16,7 @@ from .._digest import body_digest
 from .._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError
 from .._records import OutboxEntry, SpawnEntry
 from .._redact import redact
-from . import _batch
+from . import _batch, _operate
 from ._schema import (
     _INSPECT,
     _SQL_CACHE,
@@ -569,6 +569,15 @@ class _Core:
     def stats(self) -> _Op:
         rows = yield _Query(self.sql.stats)
         return dict(zip(_STATS_KEYS, rows[0]))
+
+    def overview(self, now: Any) -> _Op:
+        return (yield from _operate.overview(self, now))
+
+    def list_executions(self, after: Any, limit: Any) -> _Op:
+        return (yield from _operate.list_executions(self, after, limit))
+
+    def prune_step(self, table: str, older_than: float, batch: int) -> _Op:
+        return (yield from _operate.prune_step(self, table, older_than, batch))
 
     # --- helpers -----------------------------------------------------------------------
 

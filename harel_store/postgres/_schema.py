@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from . import _operate
+
 INSTALL = "pip install 'harel-store[postgres]'"
 SCHEMA_TABLE = "harel_store_schema"
 DEFAULT_SCHEMA = "harel_store"
@@ -62,6 +64,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
             " version bigint NOT NULL, PRIMARY KEY (execution_id, commit_id))"
         ),
     ),
+    _operate.MIGRATION,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -18,6 +18,7 @@ from .._records import DEFAULT_TRACE_MAX, Commit, OutboxEntry, SpawnEntry, Timer
 if TYPE_CHECKING:
     from typing_extensions import Self
 
+from . import _operate
 from ._connections import (
     _adapt,
     _cannot_open,
@@ -283,6 +284,26 @@ class PostgresStore(_transfer.Uncopyable):
     def stats(self) -> dict[str, int]:
         """Counts for monitoring, read in one snapshot (each a count of rows)."""
         return self._run("stats")  # type: ignore[no-any-return]
+
+    def overview(self, *, now: float | None = None) -> dict[str, Any]:
+        """What the store holds, for an operator: row counts (``executions``, ``outbox``,
+        ``spawns``, ``timers``, ``processed``, ``commit_ids``), the age in seconds of the
+        oldest pending outbox and spawn entry (the database's clock), live and expired
+        leases, the timers due at ``now`` and the next one after it (``now`` defaults to
+        this machine's clock), read in one statement. The README lists the keys."""
+        return self._run("overview", now)  # type: ignore[no-any-return]
+
+    def list_executions(self, *, after: str | None = None, limit: int = 100) -> list[str]:
+        """Up to ``limit`` execution ids in id order, those after ``after`` (the last id of
+        the previous page)."""
+        return self._run("list_executions", after, limit)  # type: ignore[no-any-return]
+
+    def prune(self, older_than: float) -> dict[str, int]:
+        """Delete the processed marks and commit ids recorded more than ``older_than``
+        seconds ago (the database's clock), in every execution, a few thousand rows per
+        transaction; how many of each it deleted. An event whose mark was pruned is no
+        longer deduplicated."""
+        return _operate.prune(self._run, older_than)
 
     def wait_for_work(self, timeout: float) -> bool:
         """``True`` as soon as any store object on this schema has committed outbox or

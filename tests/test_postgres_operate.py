@@ -1,0 +1,156 @@
+"""``overview``, ``list_executions`` and ``prune`` on PostgreSQL (sync and async), and a
+schema of the previous version migrated with everything kept (PRODUCTION.md sections 8
+and 9). Each test works in a schema of its own on the session's ``pg_server``."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from harel_store import Commit, Execution, TimerOp
+
+psycopg = pytest.importorskip("psycopg")
+postgres = pytest.importorskip("harel_store.postgres")
+from harel_store.postgres import _core
+
+PostgresStore = postgres.PostgresStore
+AsyncPostgresStore = postgres.AsyncPostgresStore
+
+
+@pytest.fixture
+def url(pg_server: Any) -> str:
+    return pg_server.url  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def opened(url: str, pg_schema: str) -> Iterator[Callable[..., Any]]:
+    made: list[Any] = []
+
+    def open_(**options: Any) -> Any:
+        options.setdefault("schema", pg_schema)
+        store = PostgresStore(url, **options)
+        made.append(store)
+        return store
+
+    yield open_
+    for store in made:
+        store.close()
+
+
+def fill(store: Any, n: int, start: int = 0) -> None:
+    for at in range(start, start + n, 500):
+        batch = [
+            Commit(Execution(id=f"e{i:07d}"), processed_event_id=f"ev{i}", commit_id=f"c{i}")
+            for i in range(at, min(at + 500, start + n))
+        ]
+        assert store.commit_many(batch) == [None] * len(batch)
+
+
+def sql(url: str, query: str) -> list[Any]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return conn.execute(query).fetchall()
+
+
+def test_overview_figures(opened: Callable[..., Any]) -> None:
+    store = opened()
+    empty = store.overview()
+    assert empty["executions"] == 0 and empty["outbox_oldest_age"] is None
+    assert empty["next_timer_at"] is None and empty["expired_leases"] == 0
+    for i in range(3):
+        store.commit(
+            Execution(id=f"x{i}"),
+            [(f"x{i}", {"n": i}), (None, i)],
+            processed_event_id=f"m{i}",
+            timers=[TimerOp("schedule", "t", 1000.0 + 10 * i)],
+            spawns=[(f"child{i}", ("a",), {})],
+            commit_id=f"c{i}",
+        )
+    time.sleep(0.05)
+    store.claim_outbox(2, lease=100.0)
+    store.claim_spawns(1, lease=0.0)  # runs out at once
+    store.claim_due_timers(1000.0, 5, lease=100.0)
+    figures = store.overview(now=1005.0)
+    assert (figures["executions"], figures["outbox"], figures["spawns"]) == (3, 6, 3)
+    assert (figures["timers"], figures["processed"], figures["commit_ids"]) == (3, 3, 3)
+    assert 0.04 <= figures["outbox_oldest_age"] < 60
+    assert 0.04 <= figures["spawns_oldest_age"] < 60
+    assert (figures["outbox_leased"], figures["spawns_leased"], figures["timers_leased"]) == (
+        2, 0, 1,
+    )  # fmt: skip
+    assert figures["expired_leases"] == 1
+    assert figures["timers_due"] == 1 and figures["next_timer_at"] == 1010.0
+    assert store.overview(now=math.inf)["timers_due"] == 3
+
+
+def test_list_and_prune(opened: Callable[..., Any]) -> None:
+    store = opened()
+    fill(store, 30)
+    time.sleep(0.3)
+    fill(store, 20, start=30)
+    seen: list[str] = []
+    after = None
+    while page := store.list_executions(after=after, limit=7):
+        seen += page
+        after = page[-1]
+    assert seen == [f"e{i:07d}" for i in range(50)]
+    with pytest.raises(TypeError, match="after"):
+        store.list_executions(after=1)
+    assert store.prune(3600) == {"processed": 0, "commit_ids": 0}
+    assert store.prune(0.2) == {"processed": 30, "commit_ids": 30}
+    assert not store.is_processed("e0000000", "ev0") and store.is_processed("e0000031", "ev31")
+    with pytest.raises(ValueError, match="older_than"):
+        store.prune(-1)
+
+
+def test_prune_in_bounded_batches(opened: Callable[..., Any]) -> None:
+    from harel_store.postgres import _operate
+
+    store = opened()
+    fill(store, 1200)
+    assert _operate.prune(store._run, 0, batch=500) == {"processed": 1200, "commit_ids": 1200}
+
+
+def test_async_twin(url: str, pg_schema: str) -> None:
+    async def main() -> None:
+        async with AsyncPostgresStore(url, schema=pg_schema) as store:
+            await store.commit(Execution(id="a"), [(None, 1)], processed_event_id="m")
+            figures = await store.overview()
+            assert figures["executions"] == 1 and figures["outbox"] == 1
+            assert await store.list_executions() == ["a"]
+            assert await store.prune(0) == {"processed": 1, "commit_ids": 0}
+
+    asyncio.run(main())
+
+
+def test_previous_schema_version_is_migrated(
+    url: str, pg_schema: str, opened: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_core, "MIGRATIONS", _core.MIGRATIONS[:1])
+    with opened() as store:
+        for i in range(5):
+            store.commit(
+                Execution(id=f"e{i}"), [(None, i)], processed_event_id=f"m{i}",
+                spawns=[(f"c{i}", ("r",), {})], commit_id=f"k{i}",
+            )  # fmt: skip
+    assert sql(url, f'SELECT version FROM "{pg_schema}".harel_store_schema') == [(1,)]
+    monkeypatch.undo()
+    started = sql(url, "SELECT extract(epoch FROM now())::float8")[0][0]
+    with opened() as store:
+        figures = store.overview()
+        assert figures["executions"] == 5 and figures["outbox"] == 5 and figures["spawns"] == 5
+        assert figures["processed"] == 5 and figures["commit_ids"] == 5
+        assert 0 <= figures["outbox_oldest_age"] < 60
+        assert store.is_processed("e3", "m3")
+        store.commit(store.load("e0"), [(None, "new")], processed_event_id="later")
+        assert [e.event for e in store.pending_outbox()] == [0, 1, 2, 3, 4, "new"]
+        assert store.prune(3600) == {"processed": 0, "commit_ids": 0}
+    assert sql(url, f'SELECT version FROM "{pg_schema}".harel_store_schema') == [(2,)]
+    (low,) = sql(
+        url, f'SELECT min(extract(epoch FROM recorded_at))::float8 FROM "{pg_schema}".processed'
+    )[0]
+    assert low >= started - 1

@@ -163,7 +163,8 @@ def test_every_command_is_run_by_ci_or_here(command: str, tmp_path: Path) -> Non
         "run it here, or add it to CI and to CI_COMMANDS"
     )
     copying = argv[3:4] == ["copy"]
-    if copying:  # the source a reader has by then: a store with something in it
+    if copying or argv[3:4] in (["inspect"], ["show"], ["prune"]):
+        # the source a reader has by then: a store with something in it
         with harel_store.open_store(sqlite_in(argv[4], tmp_path)) as source:
             source.commit(harel_store.Execution(id="order-1"), [("shipping", {"n": 1})])
     env = subprocess_env(pure=False)

@@ -58,7 +58,7 @@ import spec_port
 
 import harel_store
 import harel_store._store_py
-from harel_store import AsyncDictStore, Execution, TimerOp
+from harel_store import AsyncDictStore, Commit, Execution, TimerOp
 from harel_store._demo import run as run_demo
 
 IMPLS = ("compiled", "pure", "spec")
@@ -313,6 +313,47 @@ def time_commit_typical(loops: int, impl: Impl, sizes: Sizes) -> float:
             or len(store.read_trace("exe-0")) != sizes.trace_max
         ):
             raise RuntimeError("commit_typical did not commit")
+    return elapsed
+
+
+BATCH = 100  # commits per commit_many in commit_typical_batch
+
+
+def batch_work(loops: int, store: Any, size: int) -> list[list[Commit]]:
+    """``loops`` typical commits, one for each of ``exe-0`` to ``exe-<size - 1>`` in
+    turn (two commits of one execution cannot share a batch), in batches of ``size``."""
+    exes = [store.load(f"exe-{i}") for i in range(size)]
+    work = [
+        Commit(exes[i % size], EMITS, event_id, rearm, SPAWNS, STEP)
+        for i, (event_id, rearm) in enumerate(typical_work(loops))
+    ]
+    return [work[k : k + size] for k in range(0, loops, size)]
+
+
+def time_commit_typical_batch(loops: int, impl: Impl, sizes: Sizes, batched: bool) -> float:
+    """``commit_typical``'s commit made on 100 executions in turn, with one
+    ``commit_many`` per 100 (``batched``) or one ``commit`` each: time per commit."""
+    elapsed = 0.0
+    for chunk in chunks(loops):
+        store = commit_store(impl, sizes)
+        batches = batch_work(chunk, store, min(BATCH, sizes.executions))
+        commit, commit_many = store.commit, store.commit_many
+        settle()
+        t0 = perf_counter()
+        if batched:
+            for batch in batches:
+                commit_many(batch)
+        else:
+            for batch in batches:
+                for exe, emits, event_id, rearm, spawns, step, _, _ in batch:
+                    commit(
+                        exe, emits, processed_event_id=event_id, timers=rearm, spawns=spawns,
+                        trace=step,
+                    )  # fmt: skip
+        elapsed += perf_counter() - t0
+        last = batches[-1][-1]
+        if not store.is_processed(last.exe.id, last.processed_event_id):
+            raise RuntimeError("commit_typical_batch did not commit")
     return elapsed
 
 
@@ -580,6 +621,8 @@ def cases(impl: Impl, sizes: Sizes, executions: int) -> list[Case]:
         suite += [
             Case("commit_typical_id_epoch", time_commit_typical_id_epoch, (impl, sizes)),
             Case("commit_replayed", time_commit_replayed, (impl, sizes)),
+            Case("commit_typical_batch", time_commit_typical_batch, (impl, sizes, True)),
+            Case("commit_typical_singles", time_commit_typical_batch, (impl, sizes, False)),
         ]
     suite.append(Case("trace_append_full", time_trace_append_full, (impl, sizes)))
     for order in DRAIN_ORDERS:

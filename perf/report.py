@@ -47,7 +47,13 @@ CASES = (
 )
 # The cases of the store protocol (commit ids, epochs, claims), which the spec port lacks:
 # required of these implementations only.
-PROTOCOL_CASES = ("commit_typical_id_epoch", "commit_replayed", "claim_ack_*")
+PROTOCOL_CASES = (
+    "commit_typical_id_epoch",
+    "commit_replayed",
+    "commit_typical_batch",
+    "commit_typical_singles",
+    "claim_ack_*",
+)
 PROTOCOL_IMPLS = ("compiled", "pure")
 # The cases run at two sizes, whose per-entry time must stay flat: the drains by ack
 # order, and the claim + ack drain.
@@ -258,6 +264,13 @@ def targets(medians: Medians, samples: Samples | None = None) -> list[Row]:
     for impl in PROTOCOL_IMPLS:
         label = f"{impl}, `commit_replayed` no slower than `commit_typical` (≥ 1.0×)"
         judge(label, ("commit_replayed", impl), ("commit_typical", impl), 1.0)
+    judge(
+        "compiled, `commit_many` of 100 no slower per commit than 100 `commit` calls"
+        " (`commit_typical_singles` / `commit_typical_batch` ≥ 1.0×)",
+        ("commit_typical_batch", "compiled"),
+        ("commit_typical_singles", "compiled"),
+        1.0,
+    )
     for impl in ("compiled", "pure"):
         for order in ("fifo", "reverse"):
             flat(impl, f"drain_{order}")

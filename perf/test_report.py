@@ -120,6 +120,21 @@ def test_a_replay_is_judged_against_the_typical_commit_of_its_own_store(
     assert replay_row(rows, "compiled").status == "MISSING"
 
 
+@pytest.mark.parametrize(
+    ("batch", "status"), [(0.8e-6, "PASS"), (1.0e-6, "WITHIN NOISE"), (1.3e-6, "FAIL")]
+)
+def test_the_compiled_commit_many_is_no_slower_per_commit_than_commit(
+    batch: float, status: str
+) -> None:
+    samples: report.Samples = {
+        "commit_typical_singles": {"compiled": runs(1.0e-6, 0.04)},
+        "commit_typical_batch": {"compiled": runs(batch, 0.04, seed=3)},
+    }
+    rows = report.targets(medians_of(samples), samples)
+    row = next(r for r in rows if r.target.startswith("compiled, `commit_many` of 100"))
+    assert row.status == status
+
+
 def test_the_compiled_store_must_be_2_8_times_the_spec_port() -> None:
     samples: report.Samples = {
         "commit_typical": {"compiled": runs(1.0e-6, 0.01), "spec": runs(2.5e-6, 0.01, seed=2)}
@@ -156,7 +171,14 @@ def test_the_protocol_cases_are_required_of_the_stores_not_of_the_spec_port() ->
         "async_commit_typical",
         "demo_orders_50",
     ]
-    protocol = ["commit_typical_id_epoch", "commit_replayed", "claim_ack_1k", "claim_ack_4k"]
+    protocol = [
+        "commit_typical_id_epoch",
+        "commit_replayed",
+        "commit_typical_batch",
+        "commit_typical_singles",
+        "claim_ack_1k",
+        "claim_ack_4k",
+    ]
     medians: report.Medians = {case: {"pure": 1.0, "spec": 1.0} for case in every}
     medians.update({case: {"pure": 1.0} for case in protocol})
     assert report.missing(medians, ("pure", "spec")) == []

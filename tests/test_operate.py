@@ -119,9 +119,7 @@ def test_overview_is_cheap_on_a_large_store(tmp_path: Path) -> None:
         assert large < 3 * counting + 0.002 and large < 0.1, (small, large, counting)
         plan = " ".join(
             str(row)
-            for row in stores[1]._conn.execute(
-                "EXPLAIN QUERY PLAN " + _overview_sql(), (0.0, 0.0)
-            )  # type: ignore[union-attr]
+            for row in stores[1]._conn.execute("EXPLAIN QUERY PLAN " + _overview_sql(), (0.0, 0.0))  # type: ignore[union-attr]
         )
         assert "outbox_leases" in plan and "timers_leases" in plan and "timers_by_fire_at" in plan
         assert "processed_by_recorded_at" not in plan  # the overview reads no mark
@@ -246,3 +244,18 @@ def test_previous_schema_version_opens_migrates_and_keeps_everything(tmp_path: P
         assert store.pending_outbox()[-1].seq == 11 > max(seqs)  # seq 10 was acked: never again
         assert store.is_processed("e3", "ev3b")
         assert store.prune(3600) == {"processed": 0, "commit_ids": 0}
+
+
+def test_a_migration_is_logged_and_nothing_on_the_hot_path(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "old.db"
+    shutil.copy(DATA / "schema_v1.sqlite", path)
+    with caplog.at_level("DEBUG", logger="harel_store"), SqliteStore(path) as store:
+        assert [r.levelname for r in caplog.records] == ["INFO"]
+        assert "schema migrated from version 1 to 2" in caplog.records[0].getMessage()
+        caplog.clear()
+        for i in range(50):
+            store.commit(store.load("e1"), [(None, i)], processed_event_id=f"hot{i}")
+        store.ack_outbox_many([e.seq for e in store.claim_outbox(100)])
+        assert caplog.records == []

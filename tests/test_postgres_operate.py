@@ -53,7 +53,8 @@ def fill(store: Any, n: int, start: int = 0) -> None:
 
 def sql(url: str, query: str) -> list[Any]:
     with psycopg.connect(url, autocommit=True) as conn:
-        return conn.execute(query).fetchall()
+        cur = conn.execute(query)
+        return cur.fetchall() if cur.description else []
 
 
 def test_overview_figures(opened: Callable[..., Any]) -> None:
@@ -154,3 +155,48 @@ def test_previous_schema_version_is_migrated(
         url, f'SELECT min(extract(epoch FROM recorded_at))::float8 FROM "{pg_schema}".processed'
     )[0]
     assert low >= started - 1
+
+
+def test_commands_on_postgres(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """inspect, show and prune on a database of their own (the default schema)."""
+    import json
+    import uuid
+
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    from harel_store.cli import main
+
+    name = f"ops_{uuid.uuid4().hex[:8]}"
+    sql(url, f"CREATE DATABASE {name}")
+    own = make_conninfo(url, dbname=name)
+    parts = conninfo_to_dict(own)
+    db_url = f"postgresql://{parts.get('user', '')}@{parts['host']}:{parts['port']}/{name}"
+    try:
+        with PostgresStore(db_url) as store:
+            fill(store, 12)
+            store.commit(store.load("e0000001"), [("e0000001", "hi")], processed_event_id="x")
+            expected = store.overview()
+        assert main(["inspect", db_url, "--json"]) == 0
+        figures = json.loads(capsys.readouterr().out)
+        for key in ("executions", "outbox", "processed", "commit_ids", "expired_leases"):
+            assert figures[key] == expected[key]
+        assert main(["show", db_url, "e0000001", "--json"]) == 0
+        shown = json.loads(capsys.readouterr().out)
+        assert shown["version"] == 2 and [e["event"] for e in shown["outbox"]] == ["hi"]
+        assert main(["show", db_url, "nobody"]) == 2
+        assert main(["prune", db_url, "--older-than", "0s"]) == 0
+        assert "13 processed marks and 12 commit ids" in capsys.readouterr().out
+    finally:
+        sql(url, f"DROP DATABASE {name} WITH (FORCE)")
+
+
+def test_a_migration_is_logged(
+    opened: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(_core, "MIGRATIONS", _core.MIGRATIONS[:1])
+    opened().close()
+    monkeypatch.undo()
+    with caplog.at_level("INFO", logger="harel_store"):
+        opened().commit(Execution(id="a"), [])
+    assert [r.getMessage() for r in caplog.records if "migrated" in r.getMessage()]
+    assert all(r.name.startswith("harel_store") for r in caplog.records)

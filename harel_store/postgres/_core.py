@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import re
 import threading
 from collections.abc import Generator
@@ -63,6 +64,8 @@ def _import_psycopg() -> Any:
         raise ImportError(f"harel_store.postgres needs psycopg 3: {INSTALL} ({exc})") from exc
     return psycopg
 
+
+_log = logging.getLogger("harel_store.postgres")
 
 # --- the core: every operation once, as a generator of statements -------------------------
 
@@ -216,6 +219,11 @@ class _Core:
                     yield _Query(statement.format(s=sql.schema))
                 yield _Query(sql.set_version, (step + 1,))
             yield _Query("COMMIT")
+            if version:
+                _log.info(
+                    "%s: schema migrated from version %d to %d",
+                    self.describe(), version, len(MIGRATIONS),
+                )  # fmt: skip
         self.marks = tuple((yield _Query(sql.marks))[0])
 
     def _schema_version(self) -> Generator[_Query, Any, int | None]:

@@ -579,13 +579,16 @@ class _Core:
         return dict(zip(_STATS_KEYS, rows[0]))
 
     def overview(self, now: Any) -> _Op:
-        return (yield from _operate.overview(self, now))
+        rows = yield _Query(*_operate.overview(self.sql.schema, now))
+        return _operate.overview_figures(rows)
 
     def list_executions(self, after: Any, limit: Any) -> _Op:
-        return (yield from _operate.list_executions(self, after, limit))
+        rows = yield _Query(*_operate.list_executions(self.sql.schema, after, limit))
+        return [eid for (eid,) in rows]
 
     def prune_step(self, table: str, older_than: float, batch: int) -> _Op:
-        return (yield from _operate.prune_step(self, table, older_than, batch))
+        n = yield _Query(*_operate.prune_step(self.sql.schema, table, older_than, batch))
+        return n
 
     # --- helpers -----------------------------------------------------------------------
 

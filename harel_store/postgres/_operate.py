@@ -8,12 +8,9 @@ statements run by the stores like the core's."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import _checks, _operate
-
-if TYPE_CHECKING:
-    from ._core import _Core, _Op
 
 _STAMPS = (("outbox", "committed_at"), ("spawns", "committed_at"),
            ("processed", "recorded_at"), ("commit_ids", "recorded_at"))  # fmt: skip
@@ -69,12 +66,13 @@ def _prune(s: str, table: str, key: str) -> str:
     )
 
 
-def overview(core: _Core, now: Any) -> _Op:
-    from ._core import _Query
-
+def overview(schema: str, now: Any) -> tuple[str, dict[str, float]]:
+    """The statement of ``overview`` and its parameters."""
     now = time.time() if now is None else _checks.as_now(now)
-    s = core.sql.schema
-    rows = yield _Query(_overview(s), {"now": now})
+    return _overview(schema), {"now": now}
+
+
+def overview_figures(rows: list[Any]) -> dict[str, Any]:
     figures = dict(zip(_operate.OVERVIEW_KEYS, rows[0]))
     for key in ("outbox_oldest_age", "spawns_oldest_age"):
         age = figures[key]
@@ -82,29 +80,25 @@ def overview(core: _Core, now: Any) -> _Op:
     return figures
 
 
-def list_executions(core: _Core, after: Any, limit: Any) -> _Op:
-    from ._core import _Query
-
+def list_executions(schema: str, after: Any, limit: Any) -> tuple[str, tuple[Any, ...]]:
+    """The statement of ``list_executions`` and its parameters."""
     after = _operate.as_after(after)
     limit = _operate.as_page(limit)
-    s = core.sql.schema
     if after is None:
-        rows = yield _Query(f"SELECT id FROM {s}.executions ORDER BY id LIMIT %s", (limit,))
-    else:
-        rows = yield _Query(
-            f"SELECT id FROM {s}.executions WHERE id > %s ORDER BY id LIMIT %s", (after, limit)
-        )
-    return [eid for (eid,) in rows]
+        return f"SELECT id FROM {schema}.executions ORDER BY id LIMIT %s", (limit,)
+    return f"SELECT id FROM {schema}.executions WHERE id > %s ORDER BY id LIMIT %s", (after, limit)
 
 
-def prune_step(core: _Core, table: str, older_than: float, batch: int) -> _Op:
-    """Delete up to ``batch`` rows of ``table`` (``processed`` or ``commit_ids``) recorded
-    more than ``older_than`` seconds ago, in a transaction of its own: how many."""
-    from ._core import _Query
-
+def prune_step(
+    schema: str, table: str, older_than: float, batch: int
+) -> tuple[str, tuple[Any, ...]]:
+    """The statement deleting up to ``batch`` rows of ``table`` (``processed`` or
+    ``commit_ids``) recorded more than ``older_than`` seconds ago, a transaction of its
+    own, and its parameters."""
+    if table not in _operate.PRUNE_KEYS:
+        raise ValueError(f"no table {table!r} to prune")
     key = "event_id" if table == "processed" else "commit_id"
-    n = yield _Query(_prune(core.sql.schema, table, key), (older_than, batch))
-    return n
+    return _prune(schema, table, key), (older_than, batch)
 
 
 def prune(run: Any, older_than: Any, batch: int = _operate.PRUNE_BATCH) -> dict[str, int]:

@@ -7,13 +7,10 @@ the migration."""
 from __future__ import annotations
 
 import sqlite3
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import _checks, _operate
 from ._connection import _begin, _closed, _id, _read_failed, _rollback, _write_failed
-
-if TYPE_CHECKING:
-    from ._store import SqliteStore
 
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 
@@ -114,7 +111,7 @@ _SHOW = {
 }
 
 
-def overview(store: SqliteStore, now: Any) -> dict[str, Any]:
+def overview(store: Any, now: Any) -> dict[str, Any]:
     """The figures of PRODUCTION.md section 8, read in one statement (one snapshot)."""
     clock = store._now()
     now = clock if now is None else _checks.as_now(now)
@@ -126,7 +123,7 @@ def overview(store: SqliteStore, now: Any) -> dict[str, Any]:
     return figures
 
 
-def list_executions(store: SqliteStore, after: Any, limit: Any) -> list[str]:
+def list_executions(store: Any, after: Any, limit: Any) -> list[str]:
     after = _operate.as_after(after)
     limit = _operate.as_page(limit)
     if after is None:
@@ -136,7 +133,7 @@ def list_executions(store: SqliteStore, after: Any, limit: Any) -> list[str]:
     return [eid for (eid,) in rows]
 
 
-def prune(store: SqliteStore, older_than: Any, batch: int = _operate.PRUNE_BATCH) -> dict[str, int]:
+def prune(store: Any, older_than: Any, batch: int = _operate.PRUNE_BATCH) -> dict[str, int]:
     """Delete what was recorded more than ``older_than`` seconds ago, a transaction per
     ``batch`` rows; the lock is let go between batches, so committers wait one batch at
     most."""
@@ -151,7 +148,7 @@ def prune(store: SqliteStore, older_than: Any, batch: int = _operate.PRUNE_BATCH
     return deleted
 
 
-def _delete(store: SqliteStore, sql: str, params: tuple[Any, ...]) -> int:
+def _delete(store: Any, sql: str, params: tuple[Any, ...]) -> int:
     with store._lock:
         conn = store._conn
         if conn is None:
@@ -165,10 +162,10 @@ def _delete(store: SqliteStore, sql: str, params: tuple[Any, ...]) -> int:
             if isinstance(exc, sqlite3.Error):
                 raise _write_failed(store._path, exc) from exc
             raise
-    return n
+    return int(n)
 
 
-def show(store: SqliteStore, execution_id: Any) -> dict[str, Any] | None:
+def show(store: Any, execution_id: Any) -> dict[str, Any] | None:
     """One execution as the ``show`` command prints it, read in one snapshot; ``None``
     when the store holds nothing of it."""
     _id(execution_id, "execution_id")

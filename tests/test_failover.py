@@ -14,6 +14,7 @@ import contextlib
 import logging
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -249,3 +250,47 @@ def test_the_old_primary_back_as_a_read_only_standby(
         with pytest.raises(StoreError, match="read-only"):
             stale.commit(exe, [], commit_id="refused-1")
         assert stale.pool_stats()["connections_num"] >= 2  # a new one for each try
+
+
+@pytest.fixture
+def lone(pair: tuple[_pg.Server, _pg.Server]) -> Iterator[_pg.Server]:
+    """A throwaway server of this test's own, to stop and start."""
+    bindir = _pg.find_bindir()
+    assert bindir is not None
+    server = _pg.start_throwaway(bindir)
+    yield server
+    server.destroy()
+
+
+def test_a_server_that_is_down(lone: _pg.Server, caplog: pytest.LogCaptureFixture) -> None:
+    """Opening while the server is down tries again for connect_timeout, then raises a
+    StoreError naming the host without the password; it opens once the server is back;
+    a call while it is down raises, and the first call after it is back passes."""
+    caplog.set_level(logging.INFO, logger="harel_store")
+    secret = "pw-" + "x" * 8
+    url = lone.url + f"&password={secret}"
+    where = f"127.0.0.1:{_pg.port_of(lone)}"
+    schema = _pg.fresh_schema()
+    lone.stop()
+    with pytest.raises(StoreError) as info:
+        PostgresStore(url, schema=schema, connect_timeout=1.0)
+    assert "cannot open" in str(info.value) and where in str(info.value)
+    assert secret not in str(info.value)
+    said = [r for r in caplog.records if "cannot be reached" in r.getMessage()]
+    assert len(said) == 1 and secret not in said[0].getMessage()  # once, not per try
+    # Opened while the server comes back.
+    starting = threading.Thread(target=lambda: (time.sleep(1.0), lone.start()))
+    starting.start()
+    try:
+        store = PostgresStore(url, schema=schema, connect_timeout=5.0, timeout=60.0)
+    finally:
+        starting.join()
+    with store:
+        store.commit(Execution(id="e1"), [])
+        lone.stop()
+        with pytest.raises(StoreError) as info:
+            store.load("e1")
+        assert where in str(info.value) and secret not in str(info.value)
+        lone.start()
+        loaded = store.load("e1")
+        assert loaded is not None and loaded.version == 1

@@ -27,6 +27,7 @@ from ._core import (
 )
 
 _log = logging.getLogger("harel_store.postgres")
+_log.addHandler(logging.NullHandler())  # unconfigured logging prints nothing of ours
 
 # --- running the core: connections ----------------------------------------------------------
 
@@ -513,6 +514,35 @@ def _said(core: _Core, exc: BaseException, connecting: bool = False) -> str:
     return f"{said}{' ' if said[-1] in '.?!' else '. '}{advice}"
 
 
+def _connect_retrying(core: _Core, within: float) -> Any:
+    """A new connection, tried again with back-off for ``within`` seconds while the
+    server cannot be reached (refused at once for a reason of the setup)."""
+    import psycopg
+
+    deadline = time.monotonic() + within
+    pause = _RECONNECT_FIRST
+    said = False
+    while True:
+        try:
+            conn = psycopg.Connection.connect(core.conninfo, **_connect_kwargs(core, deadline))
+        except psycopg.Error as exc:
+            if deadline - time.monotonic() <= pause or not _why(exc, True)[0]:
+                raise
+            if not said:  # once per wait, not per try
+                said = True
+                _log.warning(
+                    "%s cannot be reached, trying again for %g s: %s",
+                    core.describe(),
+                    within,
+                    " ".join(redact(str(exc), core.conninfo).split()),
+                )
+            time.sleep(pause)
+            pause = min(pause * 2.0, _RECONNECT_MAX)
+        else:
+            _adapt(conn)
+            return conn
+
+
 class _Pool:
     """The sync store's connections, on psycopg-pool's ``ConnectionPool``: at most
     ``pool_size``, one kept open, each replaced after ``max_lifetime`` seconds.
@@ -525,18 +555,20 @@ class _Pool:
     once. When no connection comes in time because none can be made, one attempt in
     the calling thread says why (the pool's workers only log it)."""
 
-    __slots__ = ("_core", "_pool", "_server", "closed", "listener")
+    __slots__ = ("_connecting", "_core", "_pool", "_server", "_spare", "closed", "listener")
 
-    def __init__(self, core: _Core, max_lifetime: float) -> None:
+    def __init__(self, core: _Core, max_lifetime: float, connect_timeout: float) -> None:
         from psycopg_pool import ConnectionPool
 
         self._core = core
+        self._connecting = connect_timeout
+        self._spare: set[int] = set()  # connections made outside the pool, closed on put
         self.closed = False
         self.listener: Any = None  # wait_for_work's connection, outside the count
         self._server: str | None = None  # where the last new connection went
         self._pool: Any = ConnectionPool(
             core.conninfo,
-            kwargs=_connect_kwargs(core),
+            kwargs=_connect_kwargs(core, time.monotonic() + connect_timeout),
             min_size=1,
             max_size=core.pool_size,
             configure=self._configure,
@@ -550,9 +582,11 @@ class _Pool:
         try:  # the first call finds its connection made, not a second one on the way
             self._pool.wait(core.timeout)
         except PoolTimeout:
-            error = self._no_connection()
-            self.close()
-            raise error from None
+            got = self._no_connection()
+            if isinstance(got, StoreError):
+                self.close()
+                raise got from None
+            got.close()  # the server answers again; the pool's first connection comes
         except BaseException:
             self.close()
             raise
@@ -581,12 +615,18 @@ class _Pool:
         while True:
             if self.closed:
                 raise _closed()
-            try:
-                conn = self._pool.getconn(max(deadline - time.monotonic(), 0.0))
+            left = deadline - time.monotonic()
+            try:  # a server that is down is found out within connect_timeout
+                conn = self._pool.getconn(max(min(left, self._connecting), 0.0))
             except PoolClosed:
                 raise _closed() from None
             except PoolTimeout:
-                raise self._no_connection() from None
+                got = self._no_connection(final=time.monotonic() >= deadline)
+                if isinstance(got, StoreError):
+                    raise got from None
+                if got is None:
+                    continue
+                return got
             if _idle_sound(conn):
                 return conn
             with contextlib.suppress(Exception):
@@ -594,30 +634,36 @@ class _Pool:
             _log.info("discarded a dead connection to %s", core.describe())
             self._pool.putconn(conn)
 
-    def _no_connection(self) -> StoreError:
-        """Why no connection came in time: all in use, or none could be made (then one
-        attempt here tells the driver's reason)."""
-        import psycopg
-
+    def _no_connection(self, final: bool = True) -> Any:
+        """Why no connection came: all in use (an error when ``final``, else ``None``),
+        or none could be made: then one attempt here, which tells the driver's reason
+        (an error: the server is down), or is the connection the call gets (the server
+        is back while psycopg-pool's workers still back off, for seconds)."""
         core = self._core
         if self._pool.get_stats().get("pool_size", 0) >= core.pool_size:
+            if not final:
+                return None
             return StoreError(
                 f"no connection to PostgreSQL ({core.describe()}) within {core.timeout:g} s: "
                 f"all {core.pool_size} of pool_size are in use"
             )
         try:
-            psycopg.Connection.connect(core.conninfo, **_connect_kwargs(core)).close()
-        except psycopg.Error as exc:
+            conn = _connect_retrying(core, 0.0)
+        except Exception as exc:  # noqa: BLE001 - a psycopg error, given as the reason
             error = _unreachable(core, exc)
             error.__cause__ = _cause(core, exc)
             return error
-        return StoreError(
-            f"no connection to PostgreSQL ({core.describe()}) within {core.timeout:g} s"
-        )
+        self._spare.add(id(conn))
+        return conn
 
     def put(self, conn: Any) -> None:
         """Take back a connection from :meth:`get` (psycopg-pool discards a closed one,
         or one left in a transaction)."""
+        if id(conn) in self._spare:  # made outside the pool
+            self._spare.discard(id(conn))
+            with contextlib.suppress(Exception):
+                conn.close()
+            return
         if self.closed:
             with contextlib.suppress(Exception):
                 conn.close()

@@ -20,11 +20,10 @@ if TYPE_CHECKING:
 
 from . import _operate
 from ._connections import (
-    _adapt,
     _cannot_open,
     _cause,
     _clear,
-    _connect_kwargs,
+    _connect_retrying,
     _connect_timeout,
     _failed,
     _may_retry,
@@ -50,11 +49,11 @@ from ._schema import _BATCH, _COPIED, DEFAULT_POOL_SIZE, DEFAULT_SCHEMA
 _log = logging.getLogger("harel_store.postgres")
 
 
-def _lifetime(value: Any) -> float:
+def _seconds(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"max_lifetime must be a number of seconds, got {value!r}")
-    if not value > 0:
-        raise ValueError(f"max_lifetime must be positive, got {value!r}")
+        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{name} must be positive and finite, got {value!r}")
     return float(value)
 
 
@@ -70,7 +69,9 @@ class PostgresStore(_transfer.Uncopyable):
     for a connection before it raises :class:`~harel_store.StoreError`. The connections
     come from a psycopg-pool ``ConnectionPool`` (the ``postgres`` extra installs it);
     each is replaced after ``max_lifetime`` seconds, and :meth:`pool_stats` returns the
-    pool's statistics.
+    pool's statistics. ``connect_timeout`` bounds a connection attempt (unless the
+    conninfo sets one); opening tries again for that long while the server cannot be
+    reached.
 
     Opening connects, checks the schema (creating or upgrading it under an advisory lock),
     and raises ``StoreError`` when the server cannot be reached or the schema is foreign
@@ -94,19 +95,20 @@ class PostgresStore(_transfer.Uncopyable):
         prepare: bool = True,
         timeout: float = 30.0,
         max_lifetime: float = 3600.0,
+        connect_timeout: float = 3.0,
     ) -> None:
-        lifetime = _lifetime(max_lifetime)
+        lifetime = _seconds(max_lifetime, "max_lifetime")
+        connecting = _seconds(connect_timeout, "connect_timeout")
         self._pool: _Pool | None = None
         self._polls = False
         self._listening = threading.Lock()  # wait_for_work's turn on the listener
         psycopg = _import_psycopg()
         core = self._core = _Core(conninfo, trace_max, codec, schema, pool_size, prepare, timeout)
         try:
-            conn = psycopg.Connection.connect(core.conninfo, **_connect_kwargs(core))
+            conn = _connect_retrying(core, connecting)
         except psycopg.Error as exc:
             raise _cannot_open(core, exc) from _cause(core, exc)
         try:
-            _adapt(conn)
             op = core.open()
             _run_on(conn, op, next(op))
         except BaseException as exc:
@@ -115,7 +117,7 @@ class PostgresStore(_transfer.Uncopyable):
                 raise _cannot_open(core, exc) from exc
             raise
         conn.close()  # its errors are the clear ones; the pool makes its own
-        pool = self._pool = _Pool(core, lifetime)
+        pool = self._pool = _Pool(core, lifetime, connecting)
         weakref.finalize(self, pool.close)
 
     def __repr__(self) -> str:

@@ -259,3 +259,26 @@ def test_a_migration_is_logged_and_nothing_on_the_hot_path(
             store.commit(store.load("e1"), [(None, i)], processed_event_id=f"hot{i}")
         store.ack_outbox_many([e.seq for e in store.claim_outbox(100)])
         assert caplog.records == []
+
+
+def test_a_lease_taken_over_is_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    clock = [100.0]
+    with SqliteStore(tmp_path / "s.db", clock=lambda: clock[0]) as store:
+        store.commit(
+            Execution(id="a"), [(None, 1), (None, 2)], spawns=[("c", ("r",), {})],
+            timers=[TimerOp("schedule", "t", 50.0)],
+        )  # fmt: skip
+        with caplog.at_level("INFO", logger="harel_store"):
+            assert len(store.claim_outbox(1, lease=10.0)) == 1
+            assert len(store.claim_outbox(5, lease=10.0)) == 1  # the other one: no takeover
+            store.claim_spawns(5, lease=10.0)
+            store.claim_due_timers(100.0, 5, lease=10.0)
+            assert caplog.records == []
+            clock[0] = 111.0
+            assert len(store.claim_outbox(1, lease=10.0)) == 1
+            assert len(store.claim_spawns(5, lease=10.0)) == 1
+            assert len(store.claim_due_timers(111.0, 5, lease=10.0)) == 1
+        said = [(r.levelname, r.getMessage()) for r in caplog.records]
+        assert [level for level, _ in said] == ["WARNING"] * 3
+        assert "took over 1 outbox entries" in said[0][1]
+        assert "1 spawn intents" in said[1][1] and "1 timers" in said[2][1]

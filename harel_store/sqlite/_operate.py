@@ -6,12 +6,14 @@ the migration."""
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from typing import Any
 
 from .. import _checks, _operate
 from ._connection import _begin, _closed, _id, _read_failed, _rollback, _write_failed
 
+_log = logging.getLogger("harel_store.sqlite")
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 
 
@@ -207,3 +209,30 @@ def show(store: Any, execution_id: Any) -> dict[str, Any] | None:
         "processed": marks,
         "commit_ids": commits,
     }
+
+
+# The leases a claim takes over: those that ran out, up to the last row claimed (a claim
+# takes the first claimable rows in its order). The partial lease index answers it; with
+# no lease run out, the range it reads is empty.
+_TAKEN = {
+    "outbox": "SELECT count(*) FROM outbox WHERE lease_until > 0 AND lease_until <= ? AND seq <= ?",
+    "spawns": "SELECT count(*) FROM spawns WHERE lease_until > 0 AND lease_until <= ? AND seq <= ?",
+    "timers": (
+        "SELECT count(*) FROM timers WHERE lease_until > 0 AND lease_until <= ? AND fire_at <= ?"
+    ),
+}
+_WHAT = {"outbox": "outbox entries", "spawns": "spawn intents", "timers": "timers"}
+
+
+def taken_over(conn: sqlite3.Connection, table: str, clock: float, last: Any) -> int:
+    """How many leases of ``table`` that ran out by ``clock`` a claim ending at ``last``
+    (its last seq, or a timer's ``fire_at``) takes over."""
+    (n,) = conn.execute(_TAKEN[table], (clock, last)).fetchone()
+    return int(n)
+
+
+def log_takeover(path: str, table: str, n: int) -> None:
+    _log.warning(
+        "%s: a claim took over %d %s whose lease ran out unacked (a worker died or is slow)",
+        path, n, _WHAT[table],
+    )  # fmt: skip

@@ -531,9 +531,12 @@ class SqliteStore(_transfer.Uncopyable):
                 clock = self._now()  # under the write lock: waiting for it takes no lease time
                 rows = conn.execute(_CLAIM_TIMERS, (now, clock, limit)).fetchall()
                 if rows:
+                    taken = _operate.taken_over(conn, "timers", clock, rows[-1][3])
                     until = clock + lease
                     conn.executemany(_LEASE_TIMER, [(until, row[0]) for row in rows])
                 conn.execute("COMMIT")
+                if rows and taken:
+                    _operate.log_takeover(self._path, "timers", taken)
             except BaseException as exc:
                 _rollback(conn)
                 if isinstance(exc, sqlite3.Error):
@@ -855,9 +858,12 @@ class SqliteStore(_transfer.Uncopyable):
                 clock = self._now()  # under the write lock: waiting for it takes no lease time
                 rows = conn.execute(select, (clock, limit)).fetchall()
                 if rows:
+                    taken = _operate.taken_over(conn, table, clock, rows[-1][0])
                     until = clock + lease
                     conn.executemany(update, [(until, row[0]) for row in rows])
                 conn.execute("COMMIT")
+                if rows and taken:
+                    _operate.log_takeover(self._path, table, taken)
             except BaseException as exc:
                 _rollback(conn)
                 if isinstance(exc, sqlite3.Error):

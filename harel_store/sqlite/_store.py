@@ -44,7 +44,6 @@ from ._schema import (
     _LEASE_TIMER,
     _LOAD,
     _MARK,
-    _RECORD,
     _SPAWN,
     _STATS,
     _STATS_KEYS,
@@ -56,6 +55,10 @@ from ._schema import (
 if TYPE_CHECKING:
     from typing_extensions import Self
 
+_CLAIM_ID = (
+    "INSERT INTO commit_ids (execution_id, commit_id, digest, version) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT DO NOTHING"
+)
 _POLL_FIRST = 0.002  # wait_for_work: the first pause between two looks at the counter,
 _POLL_MAX = 0.02  # doubled up to this one (the latency of a wake-up)
 
@@ -246,15 +249,19 @@ class SqliteStore(_transfer.Uncopyable):
                 raise _closed()
             _begin(conn, self._path)
             try:
-                if digest is not None:
-                    done = conn.execute(_DONE, (eid, commit_id)).fetchone()
-                    if done is not None:
-                        conn.execute("ROLLBACK")
-                        if done[0] != digest:
-                            raise IdempotencyConflict(eid, p.commit_id)  # type: ignore[arg-type]
-                        _checks.set_version(exe, done[1])
-                        return
                 new = version + 1
+                # The id is recorded first: a replay is found by the insert that records it
+                # (one statement fewer than a look-up then an insert); a refusal rolls it back.
+                if (
+                    digest is not None
+                    and not conn.execute(_CLAIM_ID, (eid, commit_id, digest, new)).rowcount
+                ):
+                    done = conn.execute(_DONE, (eid, commit_id)).fetchone()
+                    conn.execute("ROLLBACK")
+                    if done[0] != digest:
+                        raise IdempotencyConflict(eid, p.commit_id)  # type: ignore[arg-type]
+                    _checks.set_version(exe, done[1])
+                    return
                 _cas(conn, eid, version, p.blob, p.epoch)
                 if events:
                     if len(events) == 1:
@@ -272,8 +279,6 @@ class SqliteStore(_transfer.Uncopyable):
                     conn.executemany(_SPAWN, p.born)
                 if p.step is not None:
                     self._push_step(conn, eid, p.step)
-                if digest is not None:
-                    conn.execute(_RECORD, (eid, p.commit_id, digest, new))
                 if events or p.born or p.armed:
                     conn.execute(_BUMP)
                 _checks.set_version(exe, new)

@@ -22,7 +22,7 @@ from typing import Any
 
 from .._errors import StoreConflict, StoreError
 from .._records import Commit
-from .durable import DRIVER, LEDGER, Relay
+from .relay import DRIVER, LEDGER, Relay
 from .workflow import NOTHING, REDELIVER_EVERY, RESPAWN_EVERY, Event, add_problem, new_child
 
 _Prepare = Callable[[Any], Commit | None]
@@ -88,7 +88,7 @@ class _Acks:
 
 
 class BatchRelay(Relay):
-    """:class:`~.durable.Relay` with its writes batched: see the module's docstring."""
+    """:class:`~.relay.Relay` with its writes batched: see the module's docstring."""
 
     def round(self) -> int:
         store = self.store

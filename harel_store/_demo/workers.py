@@ -3,7 +3,7 @@
 This process coordinates (:class:`~.durable.Coordinator`): it opens or resumes the run,
 moves the clock whenever the store is quiescent, admits the orders, and checks the run
 at the end. Each worker opens its own store on the same URL and runs a
-:class:`~.durable.Relay`: it claims outbox entries, spawn intents and due timers with
+:class:`~.relay.Relay`: it claims outbox entries, spawn intents and due timers with
 leases, so no two workers hold the same work, and waits with ``wait_for_work`` when
 there is none. A worker stops when the driver says the run is over, or when this
 process is gone (so ``kill -9`` of the coordinator leaves no worker behind for long);
@@ -26,7 +26,8 @@ from typing import Any
 
 from .._open import open_store
 from .batched import BatchRelay
-from .durable import LEASE, Coordinator, Relay
+from .durable import Coordinator
+from .relay import LEASE, Relay
 from .result import DemoResult, WorkerReport
 
 IDLE_WAIT = 0.25  # seconds a worker waits for work before it looks around again
@@ -64,7 +65,7 @@ def run_workers(
     relays in ``workers`` processes. ``progress`` and ``waiting`` are called as by
     :func:`~.durable.run_durable` (``waiting`` when the work left has not changed for
     :data:`STALL` seconds: claimed by a process that stopped). ``batch`` as there: the
-    workers run :class:`~.batched.BatchRelay`, or with ``False`` :class:`~.durable.Relay`.
+    workers run :class:`~.batched.BatchRelay`, or with ``False`` :class:`~.relay.Relay`.
 
     Cut short by an exception (a signal, a store error), the workers are stopped with
     SIGTERM, killed after :data:`HALT_TIMEOUT` seconds, and the exception goes on: the

@@ -26,14 +26,8 @@ from typing import Any, cast
 
 from .._demo import DemoResult, DemoStore
 from .._demo import run as run_local
-from .._demo.durable import (
-    DEFAULT_ORDERS,
-    LEASE,
-    Coordinator,
-    Refused,
-    default_orders,
-    run_durable,
-)
+from .._demo.durable import DEFAULT_ORDERS, Coordinator, default_orders, run_durable
+from .._demo.relay import LEASE, Refused
 from .._env import NO_EXTENSIONS, REQUIRE_EXTENSIONS
 from .._store import IMPLEMENTATION
 from .._store_py import DictStore as PureDictStore

@@ -102,6 +102,9 @@ CALLS: dict[str, Callable[[Any, Any], Any]] = {
     "forget": lambda s, e: s.forget("e1"),
     "stats": lambda s, e: s.stats(),
     "wait_for_work": lambda s, e: s.wait_for_work(0.05),
+    "overview": lambda s, e: s.overview(),
+    "list_executions": lambda s, e: s.list_executions(),
+    "prune": lambda s, e: s.prune(60.0),
     "copy_store from": lambda s, e: copy_store(s, DictStore()),
     "copy_store into": lambda s, e: copy_store(filled_memory(), e),
 }
@@ -109,7 +112,7 @@ COPIES = ("copy_store from", "copy_store into")
 WRITES = (
     "save", "commit", "commit_many", "ack_outbox", "ack_outbox_many", "claim_outbox",
     "ack_spawn", "ack_spawn_many", "claim_spawns", "claim_due_timers", "delete_timer",
-    "delete_timer_many", "append_trace", "forget", "copy_store into",
+    "delete_timer_many", "append_trace", "forget", "prune", "copy_store into",
 )  # fmt: skip
 NOT_DATABASE = {"close", "pool_stats"}  # the public methods that use no database
 

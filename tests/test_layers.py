@@ -19,11 +19,11 @@ PACKAGE = "harel_store"
 LAYERS: list[tuple[str, ...]] = [
     ("_env", "_version", "_errors", "_redact", "_records", "_digest", "_codec"),
     ("_checks", "_protocols"),
-    ("_transfer", "_group"),
+    ("_transfer", "_group", "_operate"),
     ("_store_py", "_store_c", "_store", "_aio", "sqlite", "postgres"),
     ("_open", "_copy"),
     ("__init__",),
-    ("_demo", "cli", "__main__", "statemachine"),
+    ("_demo", "cli", "__main__", "statemachine", "metrics"),
 ]
 
 

@@ -13,14 +13,22 @@ decided here, and one multi-row statement per table writes the applied commits, 
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from .. import _checks
 from .._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError
+from ._statements import (
+    _Blobs,
+    _Floats,
+    _Ints,
+    _pack,
+    _Query,
+    _restore_version,
+    _Single,
+    _Texts,
+)
 
-if TYPE_CHECKING:
-    from ._core import _Core, _Single
-
+_Core = Any  # the core (._core._Core), which imports this module
 _Op = Generator[Any, Any, Any]
 _NO_EPOCH = -1  # an epoch is at least 0; the int8 array parameters hold no NULL
 
@@ -60,7 +68,6 @@ def prepare(core: _Core, commits: Any) -> list[_Prepared]:
 
 
 def _prepare_one(core: _Core, item: Any) -> _Prepared:
-    from ._core import _pack
 
     exe, emits, processed_event_id, timers, spawns, trace, commit_id, epoch = item
     eid = _checks.durable_exe_id(exe)
@@ -101,7 +108,6 @@ def _prepare_one(core: _Core, item: Any) -> _Prepared:
 
 def commit_many(core: _Core, commits: Any) -> _Op:
     """The operation of ``commit_many``: the outcome of each commit, in order."""
-    from ._core import _Query
 
     batch = prepare(core, commits)
     if not batch:
@@ -118,7 +124,6 @@ def _apply(
     """The statements of ``batch`` inside a transaction: each commit's outcome, the
     version each execution is to have once it commits, and whether it notified.
     ``wake``: whether it may notify (a transaction sends one notification at most)."""
-    from ._core import _Blobs, _Floats, _Ints, _Query, _Texts
 
     sql = _sql(core)
     ids = sorted(p.eid for p in batch)
@@ -233,7 +238,6 @@ def _commit(versions: list[tuple[_Prepared, int]]) -> _Op:
     """Set each execution's version, then commit the transaction. Set before it commits:
     an execution that refuses its version (frozen, a setter that raises) rolls back the
     whole transaction, nothing written; a failed commit sets them back."""
-    from ._core import _Query, _restore_version
 
     set_so_far: list[_Prepared] = []
     try:
@@ -262,7 +266,6 @@ def checked_seqs(seqs: Any) -> list[int]:
 
 def _deletes(core: _Core, table: str, values: list[Any]) -> Any:
     """The statement deleting ``values`` (seqs, or timer triples) from ``table``."""
-    from ._core import _Floats, _Ints, _Query, _Texts
 
     sql = _sql(core)
     if table == "timers":
@@ -335,7 +338,6 @@ def write_group(core: _Core, parts: list[Any]) -> _Op:
     part (``None``, a refusal, or a list of them for ``commit_many``). A lone commit is
     its own statement, as ``commit`` writes it: a lone caller waits for nobody and pays
     no more than ``commit`` alone."""
-    from ._core import _Query
 
     if len(parts) == 1 and parts[0][0] == "one":
         try:

@@ -14,17 +14,8 @@ from typing import Any
 
 from .._errors import StoreError
 from .._redact import redact
-from ._core import (
-    _ARRAYS,
-    _NO_RETRY,
-    _RECONNECT_FIRST,
-    _RECONNECT_MAX,
-    _UNIQUE,
-    _closed,
-    _Core,
-    _Op,
-    _Query,
-)
+from ._core import _NO_RETRY, _RECONNECT_FIRST, _RECONNECT_MAX, _closed, _Core
+from ._statements import _ARRAYS, _UNIQUE, _Op, _Query
 
 _log = logging.getLogger("harel_store.postgres")
 _log.addHandler(logging.NullHandler())  # unconfigured logging prints nothing of ours

@@ -3,13 +3,12 @@ statements it needs run (no I/O), with its checks and encodings."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import re
 import threading
 from collections.abc import Generator
-from typing import Any, NamedTuple
+from typing import Any
 
 from .. import _checks, _codec
 from .._codec import JSON
@@ -28,10 +27,22 @@ from ._schema import (
     _Sql,
     schema_objects,
 )
+from ._statements import (
+    _UNIQUE,
+    _Blobs,
+    _Floats,
+    _Ints,
+    _Op,
+    _pack,
+    _Query,
+    _restore_version,
+    _Single,
+    _Texts,
+    _unpack,
+)
 
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}\Z")
 _LEASE_MAX = 1e10  # seconds (three centuries): a longer lease would overflow a timestamp
-_TEXT = b"t"[0]
 _TIMEOUT_MAX = threading.TIMEOUT_MAX  # the longest wait a lock takes
 _RECONNECT_FIRST, _RECONNECT_MAX = 0.05, 1.0  # pauses between tries to connect, in seconds
 
@@ -68,36 +79,6 @@ def _import_psycopg() -> Any:
 _log = logging.getLogger("harel_store.postgres")
 
 # --- the core: every operation once, as a generator of statements -------------------------
-
-
-class _Query(NamedTuple):
-    """One statement an operation needs run: ``prepare`` for the hot ones; with
-    ``unique``, a unique violation is sent back as :data:`_UNIQUE` instead of raised;
-    ``tolerant``, a statement run once the operation's outcome is settled (the trim
-    after an append): its failure is sent back as ``None``, and never raised as the
-    operation's."""
-
-    sql: str
-    params: Any = None
-    prepare: bool | None = None
-    unique: bool = False
-    tolerant: bool = False
-
-
-_UNIQUE = object()
-_Op = Generator[_Query, Any, Any]
-
-
-class _Single(NamedTuple):
-    """One commit checked and encoded: the parameters of its statement."""
-
-    exe: Any
-    eid: str
-    version: int
-    shape: tuple[bool, bool, bool, bool, bool, bool]
-    params: dict[str, Any]
-    commit_id: str | None
-    epoch: int | None
 
 
 class _Core:
@@ -616,45 +597,6 @@ class _Core:
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             raise TypeError(f"cannot encode the body of commit {commit_id!r}: {exc}") from exc
 
-
-def _restore_version(exe: Any, version: int) -> None:
-    """Set back the version a commit that was not applied had set (as SQLite's
-    rollback does); the error being raised is the one to show."""
-    with contextlib.suppress(Exception):
-        if exe.version != version:
-            exe.version = version
-
-
-def _pack(data: str | bytes) -> bytes:
-    """An encoded value as stored: a tag byte, then UTF-8 (``str``) or the bytes."""
-    if type(data) is str:
-        return b"t" + data.encode("utf-8", "surrogatepass")
-    return b"b" + data  # type: ignore[operator]
-
-
-def _unpack(data: bytes) -> str | bytes:
-    if data[0] == _TEXT:
-        return data[1:].decode("utf-8", "surrogatepass")
-    return data[1:]
-
-
-class _Texts(list):  # type: ignore[type-arg]
-    """A ``text[]`` parameter, typed even when empty (see :func:`_adapt`)."""
-
-
-class _Blobs(list):  # type: ignore[type-arg]
-    """A ``bytea[]`` parameter."""
-
-
-class _Floats(list):  # type: ignore[type-arg]
-    """A ``float8[]`` parameter."""
-
-
-class _Ints(list):  # type: ignore[type-arg]
-    """A ``bigint[]`` parameter."""
-
-
-_ARRAYS = {_Texts: "text", _Blobs: "bytea", _Floats: "float8", _Ints: "int8"}
 
 # Operations that write what a retry could write twice, or whose arguments may be
 # iterators they have read (the batches); the others are retried once on a new

@@ -41,10 +41,9 @@ from ._core import (
     _closed,
     _Core,
     _import_psycopg,
-    _pack,
-    _unpack,
 )
 from ._schema import _BATCH, _COPIED, DEFAULT_POOL_SIZE, DEFAULT_SCHEMA
+from ._statements import _pack, _unpack
 
 _log = logging.getLogger("harel_store.postgres")
 

@@ -39,6 +39,7 @@ psycopg = pytest.importorskip("psycopg")
 postgres = pytest.importorskip("harel_store.postgres")
 connections = pytest.importorskip("harel_store.postgres._connections")
 core = pytest.importorskip("harel_store.postgres._core")
+statements = pytest.importorskip("harel_store.postgres._statements")
 PostgresStore = postgres.PostgresStore
 AsyncPostgresStore = postgres.AsyncPostgresStore
 
@@ -594,8 +595,8 @@ def test_the_array_parameters_are_written_as_psycopg_writes_them(
     from psycopg.postgres import types
     from psycopg.types.array import ListBinaryDumper
 
-    cls = getattr(core, kind)
-    name = core._ARRAYS[cls]
+    cls = getattr(statements, kind)
+    name = statements._ARRAYS[cls]
     with psycopg.connect(url, autocommit=True) as conn:
         connections._adapt(conn)
         ours = Transformer(conn).get_dumper(cls(), PyFormat.BINARY)

@@ -13,7 +13,7 @@ from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.ref cimport PyObject, Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM
 
-from . import _checks, _transfer
+from . import _checks, _records, _transfer
 from . import _digest
 from ._errors import IdempotencyConflict, StaleWriter, StoreConflict
 from ._errors import shown as _shown
@@ -68,6 +68,7 @@ __cython_version__ = HAREL_STORE_CYTHON_VERSION.decode()
 cdef type _OutboxEntry = OutboxEntry
 cdef type _SpawnEntry = SpawnEntry
 cdef type _TimerOp = TimerOp
+cdef type _Commit = _records.Commit
 cdef object _DEAD = object()
 cdef Py_ssize_t _SLACK = 64
 cdef tuple _EMPTY = ()
@@ -475,33 +476,43 @@ _COPY_REFUSED = (
 
 
 cdef list _batch(object commits):
+    # Each call a tuple or a Commit, read in place: the original Commit when it needs no copy.
     cdef list calls = []
     cdef set seen = set()
     cdef Py_ssize_t i = 0
-    cdef object item, exe, eid
-    cdef tuple call
-    for item in _checks.batch(commits):
-        call = tuple(item)
-        exe = call[0]
+    cdef object item, call, exe, eid, commit_id, epoch
+    # A copy: caller code run by the checks below cannot change what is written.
+    cdef list items = list(commits) if type(commits) is list else list(_checks.batch(commits))
+    for item in items:
+        if type(item) is not _Commit and not isinstance(item, _Commit):
+            _checks.batch(items)  # names the item that is not a Commit
+        call = item
+        exe = <object>PyTuple_GET_ITEM(item, 0)
         try:
             if not (
                 _own_slots(exe)
                 and type(_exe_attr(exe, _ID_AT, "id")) is str
                 and type(_exe_attr(exe, _VERSION_AT, "version")) is int
-                and _plain(call[1], call[2], call[3], call[4], call[5])
+                and _plain(
+                    <object>PyTuple_GET_ITEM(item, 1), <object>PyTuple_GET_ITEM(item, 2),
+                    <object>PyTuple_GET_ITEM(item, 3), <object>PyTuple_GET_ITEM(item, 4),
+                    <object>PyTuple_GET_ITEM(item, 5),
+                )
             ):
                 emits, timers, spawns, trace = _checked(
-                    exe, call[1], call[2], call[3], call[4], call[5]
+                    exe, item[1], item[2], item[3], item[4], item[5]
                 )
-                call = (exe, emits, call[2], timers, spawns, trace, call[6], call[7])
-            if call[6] is not None or call[7] is not None:
+                call = (exe, emits, item[2], timers, spawns, trace, item[6], item[7])
+            commit_id = <object>PyTuple_GET_ITEM(item, 6)
+            epoch = <object>PyTuple_GET_ITEM(item, 7)
+            if commit_id is not None or epoch is not None:
                 call = (
                     *call[:6],
-                    None if call[6] is None else _checks.as_commit_id(call[6]),
-                    None if call[7] is None else _checks.as_epoch(call[7]),
+                    None if commit_id is None else _checks.as_commit_id(commit_id),
+                    None if epoch is None else _checks.as_epoch(epoch),
                 )
         except (TypeError, ValueError) as exc:
-            raise type(exc)(f"commits[{i}]: {exc}") from None
+            raise _checks.in_batch(exc, i) from exc
         eid = exe.id
         if eid in seen:
             _checks.no_twins([c[0].id for c in calls] + [eid])
@@ -891,10 +902,15 @@ cdef class DictStore:
             raise _reentered("commit_many")
         cdef list calls = _batch(commits)
         cdef list outcomes = []
-        cdef tuple call
+        cdef object call
         for call in calls:
             try:
-                self._commit(call[0], call[1], call[2], call[3], call[4], call[5], call[6], call[7])
+                self._commit(
+                    <object>PyTuple_GET_ITEM(call, 0), <object>PyTuple_GET_ITEM(call, 1),
+                    <object>PyTuple_GET_ITEM(call, 2), <object>PyTuple_GET_ITEM(call, 3),
+                    <object>PyTuple_GET_ITEM(call, 4), <object>PyTuple_GET_ITEM(call, 5),
+                    <object>PyTuple_GET_ITEM(call, 6), <object>PyTuple_GET_ITEM(call, 7),
+                )
             except (StoreConflict, StaleWriter, IdempotencyConflict) as refused:
                 outcomes.append(refused)
             else:

@@ -289,7 +289,7 @@ def _batch(commits: Any) -> list[tuple[Any, ...]]:
                 commit_id = None if commit_id is None else _checks.as_commit_id(commit_id)
                 epoch = None if epoch is None else _checks.as_epoch(epoch)
         except (TypeError, ValueError) as exc:
-            raise type(exc)(f"commits[{i}]: {exc}") from None
+            raise _checks.in_batch(exc, i) from exc
         eid = exe.id
         if eid in seen:
             _checks.no_twins([call[0].id for call in calls] + [eid])

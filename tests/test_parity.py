@@ -91,7 +91,7 @@ def test_trace_max_is_a_settable_attribute(
 # construction and untracking, the typed record classes, the heap walk, its version, and
 # the direct access to an exact Execution's id and version slots.
 COMPILED_ONLY = {
-    "_OutboxEntry", "_SpawnEntry", "_TimerOp", "_new3", "_new5", "_untracked", "_collect_due",
+    "_OutboxEntry", "_SpawnEntry", "_TimerOp", "_Commit", "_new3", "_new5", "_untracked", "_collect_due",
     "__cython_version__", "_Execution", "_MemberType", "_ID_DESCR", "_VERSION_DESCR",
     "_exe_tag", "_slot_offset", "_ID_AT", "_VERSION_AT", "_slots_checked", "_own_slots",
     "_slot_at", "_exe_attr",

@@ -119,7 +119,9 @@ def test_overview_is_cheap_on_a_large_store(tmp_path: Path) -> None:
         assert large < 3 * counting + 0.002 and large < 0.1, (small, large, counting)
         plan = " ".join(
             str(row)
-            for row in stores[1]._conn.execute("EXPLAIN QUERY PLAN " + _overview_sql(), (0.0, 0.0))  # type: ignore[union-attr]
+            for row in stores[1]._conn.execute(
+                "EXPLAIN QUERY PLAN " + _overview_sql(), (0.0,) * _overview_sql().count("?")
+            )  # type: ignore[union-attr]
         )
         assert "outbox_leases" in plan and "timers_leases" in plan and "timers_by_fire_at" in plan
         assert "processed_by_recorded_at" not in plan  # the overview reads no mark

@@ -81,14 +81,14 @@ _OVERVIEW = (
     " (SELECT count(*) FROM processed), (SELECT count(*) FROM commit_ids),"
     " (SELECT committed_at FROM outbox ORDER BY seq LIMIT 1),"
     " (SELECT committed_at FROM spawns ORDER BY seq LIMIT 1),"
-    " (SELECT count(*) FROM outbox WHERE lease_until > 0 AND lease_until > ?1),"
-    " (SELECT count(*) FROM spawns WHERE lease_until > 0 AND lease_until > ?1),"
-    " (SELECT count(*) FROM timers WHERE lease_until > 0 AND lease_until > ?1),"
-    " (SELECT count(*) FROM outbox WHERE lease_until > 0 AND lease_until <= ?1)"
-    " + (SELECT count(*) FROM spawns WHERE lease_until > 0 AND lease_until <= ?1)"
-    " + (SELECT count(*) FROM timers WHERE lease_until > 0 AND lease_until <= ?1),"
-    " (SELECT count(*) FROM timers WHERE fire_at <= ?2),"
-    " (SELECT min(fire_at) FROM timers WHERE fire_at > ?2),"
+    " (SELECT count(*) FROM outbox WHERE lease_until > 0 AND lease_until > ?),"
+    " (SELECT count(*) FROM spawns WHERE lease_until > 0 AND lease_until > ?),"
+    " (SELECT count(*) FROM timers WHERE lease_until > 0 AND lease_until > ?),"
+    " (SELECT count(*) FROM outbox WHERE lease_until > 0 AND lease_until <= ?)"
+    " + (SELECT count(*) FROM spawns WHERE lease_until > 0 AND lease_until <= ?)"
+    " + (SELECT count(*) FROM timers WHERE lease_until > 0 AND lease_until <= ?),"
+    " (SELECT count(*) FROM timers WHERE fire_at <= ?),"
+    " (SELECT min(fire_at) FROM timers WHERE fire_at > ?),"
     f" {NOW}"
 )
 _LIST = "SELECT id FROM executions WHERE id > ? ORDER BY id LIMIT ?"
@@ -117,7 +117,20 @@ def overview(store: Any, now: Any) -> dict[str, Any]:
     """The figures of PRODUCTION.md section 8, read in one statement (one snapshot)."""
     clock = store._now()
     now = clock if now is None else _checks.as_now(now)
-    row = store._read_one(_OVERVIEW, (clock, now))
+    # Plain placeholders, in order: numbered ones with a sequence are deprecated (3.12).
+    row = store._read_one(
+        _OVERVIEW,
+        (
+            clock,
+            clock,
+            clock,
+            clock,
+            clock,
+            clock,
+            now,
+            now,
+        ),
+    )
     figures = dict(zip(_operate.OVERVIEW_KEYS, row))
     wall = row[-1]
     figures["outbox_oldest_age"] = _operate.age(wall, figures["outbox_oldest_age"])

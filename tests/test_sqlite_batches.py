@@ -12,6 +12,22 @@ import pytest
 from harel_store import Commit, Execution, StoreConflict, TimerOp
 from harel_store.sqlite import AsyncSqliteStore, SqliteStore
 
+_OPENED: list[SqliteStore] = []
+
+
+def opened(path: Path, **options: Any) -> SqliteStore:
+    """A store this module closes after each test (an unclosed one warns when collected)."""
+    store = SqliteStore(path, **options)
+    _OPENED.append(store)
+    return store
+
+
+@pytest.fixture(autouse=True)
+def _close_stores() -> Any:
+    yield
+    while _OPENED:
+        _OPENED.pop().close()
+
 
 def typical(n: int, exe: Any = None) -> Commit:
     exe = exe or Execution(id=f"o{n}", context={"n": n})
@@ -40,7 +56,7 @@ class Statements:
 def test_a_batch_is_one_transaction_with_a_statement_per_table(tmp_path: Path) -> None:
     counts = {}
     for size in (10, 200):
-        store = SqliteStore(tmp_path / f"{size}.db")
+        store = opened(tmp_path / f"{size}.db")
         seen = Statements(store)
         assert store.commit_many([typical(n) for n in range(size)]) == [None] * size
         assert seen.count("BEGIN") == 1 and seen.count("COMMIT") == 1
@@ -52,7 +68,7 @@ def test_a_batch_is_one_transaction_with_a_statement_per_table(tmp_path: Path) -
 
 
 def test_the_trace_ring_is_trimmed_across_batches(tmp_path: Path) -> None:
-    store = SqliteStore(tmp_path / "t.db", trace_max=3)
+    store = opened(tmp_path / "t.db", trace_max=3)
     exes = [Execution(id=f"e{i}") for i in range(3)]
     for step in range(5):
         store.commit_many([Commit(e, [], trace={"step": step}) for e in exes])
@@ -62,7 +78,7 @@ def test_the_trace_ring_is_trimmed_across_batches(tmp_path: Path) -> None:
 
 
 def test_timer_ops_end_as_their_last_op_left_them(tmp_path: Path) -> None:
-    store = SqliteStore(tmp_path / "t.db")
+    store = opened(tmp_path / "t.db")
     a, b = Execution(id="a"), Execution(id="b")
     store.commit(b, [], timers=[TimerOp("schedule", "old", 1.0)])
     ops_a = [TimerOp("schedule", "p", 5.0), TimerOp("schedule", "q", 6.0)]
@@ -73,7 +89,7 @@ def test_timer_ops_end_as_their_last_op_left_them(tmp_path: Path) -> None:
 
 
 def test_refused_and_replayed_commits_write_nothing(tmp_path: Path) -> None:
-    store = SqliteStore(tmp_path / "r.db")
+    store = opened(tmp_path / "r.db")
     first = typical(1)
     store.commit_many([first])
     replay = typical(1, Execution(id="o1", context={"n": 1}))
@@ -87,7 +103,7 @@ def test_refused_and_replayed_commits_write_nothing(tmp_path: Path) -> None:
 
 
 def test_a_batch_that_fails_in_the_database_writes_nothing(tmp_path: Path) -> None:
-    store = SqliteStore(tmp_path / "f.db")
+    store = opened(tmp_path / "f.db")
     exes = [Execution(id=f"e{i}") for i in range(3)]
     store._conn.execute(
         "CREATE TRIGGER no_b BEFORE INSERT ON spawns BEGIN SELECT RAISE(ABORT, 'no'); END"
@@ -100,7 +116,7 @@ def test_a_batch_that_fails_in_the_database_writes_nothing(tmp_path: Path) -> No
 
 
 def test_batch_acks_are_one_transaction_each(tmp_path: Path) -> None:
-    store = SqliteStore(tmp_path / "a.db")
+    store = opened(tmp_path / "a.db")
     store.commit_many([typical(n) for n in range(50)])
     seen = Statements(store)
     store.ack_outbox_many(range(1, 51))

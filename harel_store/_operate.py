@@ -1,5 +1,6 @@
 """What every store's ``overview``, ``list_executions`` and ``prune`` share: the checks of
-their arguments, the keys of an overview, and the durations the command line takes."""
+their arguments, the keys of an overview, the durations the command line takes, and the
+shape of one execution as ``show`` prints it."""
 
 from __future__ import annotations
 
@@ -59,3 +60,41 @@ def duration(text: str) -> float:
 def age(now: float, then: float | None) -> float | None:
     """Seconds from ``then`` to ``now`` (never below 0), ``None`` for no ``then``."""
     return None if then is None else max(0.0, now - then)
+
+
+def execution_view(
+    eid: str, exe: Any, trace: list[Any], counted: tuple[Any, int, int], rows: Any
+) -> dict[str, Any] | None:
+    """One execution as ``show`` prints it, from a durable store's reading: ``counted``
+    its epoch, marks and commit ids; ``rows`` its outbox entries ``(seq, event,
+    leased_until, age)``, spawn intents ``(seq, parent_id, child_id, leased_until, age)``
+    and timers ``(path, fire_at, leased_until)``, events decoded, a lease of ``0`` or
+    ``None`` being none. ``None`` when the store holds nothing of it."""
+    epoch, marks, commits = counted
+    outbox, spawns, timers = rows
+    if exe is None and not (outbox or spawns or timers or marks or commits or trace):
+        return None
+    return {
+        "id": eid,
+        "execution": exe,
+        "version": None if exe is None else exe.version,
+        "epoch": epoch,
+        "outbox": [
+            {"seq": s, "event": e, "leased_until": lu or None, "age": max(0.0, at)}
+            for s, e, lu, at in outbox
+        ],
+        "spawns": [
+            {
+                "seq": s,
+                "parent_id": p,
+                "child_id": c,
+                "leased_until": lu or None,
+                "age": max(0.0, at),
+            }
+            for s, p, c, lu, at in spawns
+        ],
+        "timers": [{"path": p, "fire_at": f, "leased_until": lu or None} for p, f, lu in timers],
+        "trace": trace,
+        "processed": marks,
+        "commit_ids": commits,
+    }

@@ -157,37 +157,90 @@ def test_previous_schema_version_is_migrated(
     assert low >= started - 1
 
 
-def test_commands_on_postgres(url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """inspect, show and prune on a database of their own (the default schema)."""
-    import json
+@pytest.fixture
+def db_url(url: str) -> Iterator[str]:
+    """The URL of a database of the test's own: the commands use the default schema."""
     import uuid
 
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-    from harel_store.cli import main
-
     name = f"ops_{uuid.uuid4().hex[:8]}"
     sql(url, f"CREATE DATABASE {name}")
-    own = make_conninfo(url, dbname=name)
-    parts = conninfo_to_dict(own)
-    db_url = f"postgresql://{parts.get('user', '')}@{parts['host']}:{parts['port']}/{name}"
+    parts = conninfo_to_dict(make_conninfo(url, dbname=name))
     try:
-        with PostgresStore(db_url) as store:
-            fill(store, 12)
-            store.commit(store.load("e0000001"), [("e0000001", "hi")], processed_event_id="x")
-            expected = store.overview()
-        assert main(["inspect", db_url, "--json"]) == 0
-        figures = json.loads(capsys.readouterr().out)
-        for key in ("executions", "outbox", "processed", "commit_ids", "expired_leases"):
-            assert figures[key] == expected[key]
-        assert main(["show", db_url, "e0000001", "--json"]) == 0
-        shown = json.loads(capsys.readouterr().out)
-        assert shown["version"] == 2 and [e["event"] for e in shown["outbox"]] == ["hi"]
-        assert main(["show", db_url, "nobody"]) == 2
-        assert main(["prune", db_url, "--older-than", "0s"]) == 0
-        assert "13 processed marks and 12 commit ids" in capsys.readouterr().out
+        yield f"postgresql://{parts.get('user', '')}@{parts['host']}:{parts['port']}/{name}"
     finally:
         sql(url, f"DROP DATABASE {name} WITH (FORCE)")
+
+
+def test_commands_on_postgres(db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """inspect, show and prune on a database of their own (the default schema)."""
+    import json
+
+    from harel_store.cli import main
+
+    with PostgresStore(db_url) as store:
+        fill(store, 12)
+        store.commit(store.load("e0000001"), [("e0000001", "hi")], processed_event_id="x")
+        expected = store.overview()
+    assert main(["inspect", db_url, "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    for key in ("executions", "outbox", "processed", "commit_ids", "expired_leases"):
+        assert figures[key] == expected[key]
+    assert main(["show", db_url, "e0000001", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["version"] == 2 and [e["event"] for e in shown["outbox"]] == ["hi"]
+    assert main(["show", db_url, "nobody"]) == 2
+    assert main(["prune", db_url, "--older-than", "0s"]) == 0
+    assert "13 processed marks and 12 commit ids" in capsys.readouterr().out
+
+
+def test_show_on_postgres_has_the_epoch_and_the_counts(
+    db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``show`` prints what SQLite's prints: the writer epoch, the marks and commit ids of
+    the execution, the leases and ages of its entries; the counts of every execution add
+    up to the store's own."""
+    import json
+
+    from harel_store.cli import main
+
+    with PostgresStore(db_url) as store:
+        exe = Execution(id="a")
+        for i in range(4):
+            store.commit(
+                exe, [("a", i)], processed_event_id=f"m{i}", epoch=7,
+                commit_id=f"k{i}" if i % 2 else None,
+                timers=[TimerOp("schedule", "t", 100.0 + i)],
+                spawns=[("kid", ("r",), {})] if i == 0 else [],
+            )  # fmt: skip
+        store.commit(Execution(id="b"), [], processed_event_id="n0", commit_id="j0")
+        store.claim_outbox(1, lease=60.0)
+        store.claim_due_timers(1000.0, 1, lease=60.0)
+        own = store.overview()
+        version = store.load("a").version  # type: ignore[union-attr]
+    counts = {"processed": 0, "commit_ids": 0}
+    for eid in ("a", "b"):
+        assert main(["show", db_url, eid, "--json"]) == 0
+        shown = json.loads(capsys.readouterr().out)
+        for key in counts:
+            counts[key] += shown[key]
+    assert counts == {"processed": own["processed"], "commit_ids": own["commit_ids"]}
+    assert main(["show", db_url, "a", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["version"], shown["epoch"], shown["processed"], shown["commit_ids"]) == (
+        version, 7, 4, 2,
+    )  # fmt: skip
+    assert [e["event"] for e in shown["outbox"]] == [0, 1, 2, 3]
+    leases = [e["leased_until"] for e in shown["outbox"]]
+    assert leases[0] > time.time() + 30 and leases[1:] == [None] * 3
+    assert all(0 <= e["age"] < 60 for e in shown["outbox"])
+    assert [(s["parent_id"], s["child_id"]) for s in shown["spawns"]] == [("a", "kid")]
+    assert [(t["path"], t["fire_at"]) for t in shown["timers"]] == [("t", 103.0)]
+    assert shown["timers"][0]["leased_until"] > time.time() + 30
+    assert main(["show", db_url, "a"]) == 0
+    text = capsys.readouterr().out
+    assert "epoch       7" in text and "processed   4" in text and "commit_ids  2" in text
 
 
 def test_a_migration_is_logged(

@@ -66,6 +66,9 @@ def describe(store: Any, eid: str) -> dict[str, Any] | None:
         from ..sqlite import _operate
 
         return _operate.show(store, eid)
+    postgres = sys.modules.get("harel_store.postgres")  # loaded if the store is one
+    if postgres is not None and isinstance(store, postgres.PostgresStore):
+        return cast("dict[str, Any] | None", store._run("show", eid))
     own = getattr(store, "_show", None)
     if own is not None:
         return cast("dict[str, Any] | None", own(eid))

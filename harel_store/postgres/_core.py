@@ -567,6 +567,20 @@ class _Core:
         rows = yield _Query(*_operate.list_executions(self.sql.schema, after, limit))
         return [eid for (eid,) in rows]
 
+    def show(self, execution_id: Any) -> _Op:
+        """One execution as the ``show`` command prints it, read in one snapshot."""
+        _checks.str_id(execution_id, "execution_id")
+        _checks.durable_key(execution_id, "execution_id")
+        yield _Query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        exe = yield from self.load(execution_id)
+        trace = yield from self.read_trace(execution_id)
+        rows = {}
+        for part, sql in _operate.show(self.sql.schema).items():
+            rows[part] = yield _Query(sql, {"id": execution_id})
+        yield _Query("COMMIT")
+        decode = self.codec.decode_value
+        return _operate.shown(execution_id, exe, trace, rows, lambda e: decode(_unpack(e)))
+
     def prune_step(self, table: str, older_than: float, batch: int) -> _Op:
         n = yield _Query(*_operate.prune_step(self.sql.schema, table, older_than, batch))
         return n

@@ -101,6 +101,43 @@ def prune_step(
     return _prune(schema, table, key), (older_than, batch)
 
 
+def _lease(column: str = "lease_until") -> str:
+    return f"CASE WHEN {column} > '-infinity' THEN extract(epoch FROM {column})::float8 END"
+
+
+def show(schema: str) -> dict[str, str]:
+    """The statements ``show`` reads one execution with (parameter ``id``), run in one
+    read-only snapshot: its epoch, counts of marks and commit ids and the database's clock;
+    the outbox entries to it and the spawn intents it made or is the child of, with their
+    leases (seconds since the epoch, ``None`` when not leased) and ages; its timers."""
+    s = schema
+    age = "extract(epoch FROM now() - committed_at)::float8"
+    return {
+        "figures": (
+            f"SELECT (SELECT epoch FROM {s}.executions WHERE id = %(id)s),"
+            f" (SELECT count(*) FROM {s}.processed WHERE execution_id = %(id)s),"
+            f" (SELECT count(*) FROM {s}.commit_ids WHERE execution_id = %(id)s)"
+        ),
+        "outbox": f"SELECT seq, event, {_lease()}, {age} FROM {s}.outbox"
+        " WHERE target_id = %(id)s ORDER BY seq",
+        "spawns": f"SELECT seq, parent_id, child_id, {_lease()}, {age} FROM {s}.spawns"
+        " WHERE parent_id = %(id)s OR child_id = %(id)s ORDER BY seq",
+        "timers": f"SELECT path, fire_at, {_lease()} FROM {s}.timers"
+        " WHERE execution_id = %(id)s ORDER BY fire_at, seq",
+    }
+
+
+def shown(eid: str, exe: Any, trace: list[Any], rows: dict[str, list[Any]], decode: Any) -> Any:
+    """What ``show`` prints of ``eid``, from the rows of :func:`show`'s statements
+    (``decode`` reading an outbox event as stored); ``None`` when the store holds nothing
+    of it."""
+    [counted] = rows["figures"]
+    outbox = [(s, decode(e), lu, at) for s, e, lu, at in rows["outbox"]]
+    return _operate.execution_view(
+        eid, exe, trace, counted, (outbox, rows["spawns"], rows["timers"])
+    )
+
+
 def prune(run: Any, older_than: Any, batch: int = _operate.PRUNE_BATCH) -> dict[str, int]:
     """``prune`` of the sync store, ``run`` being its way to run a core operation."""
     older_than = _operate.as_older_than(older_than)

@@ -202,26 +202,17 @@ def show(store: Any, execution_id: Any) -> dict[str, Any] | None:
             (wall,) = conn.execute(f"SELECT {NOW}").fetchone()
         except sqlite3.Error as exc:
             raise _read_failed(store._path, exc) from exc
-    if exe is None and not (outbox or spawns or timers or marks or commits or trace):
-        return None
-    return {
-        "id": eid,
-        "execution": exe,
-        "version": None if exe is None else exe.version,
-        "epoch": None if epoch is None else epoch[0],
-        "outbox": [
-            {"seq": s, "event": decode(e), "leased_until": lu or None, "age": wall - at}
-            for s, e, lu, at in outbox
-        ],
-        "spawns": [
-            {"seq": s, "parent_id": p, "child_id": c, "leased_until": lu or None, "age": wall - at}
-            for s, p, c, lu, at in spawns
-        ],
-        "timers": [{"path": p, "fire_at": f, "leased_until": lu or None} for p, f, lu in timers],
-        "trace": trace,
-        "processed": marks,
-        "commit_ids": commits,
-    }
+    return _operate.execution_view(
+        eid,
+        exe,
+        trace,
+        (None if epoch is None else epoch[0], marks, commits),
+        (
+            [(s, decode(e), lu, wall - at) for s, e, lu, at in outbox],
+            [(s, p, c, lu, wall - at) for s, p, c, lu, at in spawns],
+            timers,
+        ),
+    )
 
 
 # The leases a claim takes over: those that ran out, up to the last row claimed (a claim

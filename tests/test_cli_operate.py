@@ -4,7 +4,7 @@ figures compared with the store's own, and their one-line errors."""
 from __future__ import annotations
 
 import json
-import os
+import re
 import shutil
 import signal
 import subprocess
@@ -12,6 +12,8 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+
+import pytest
 
 from harel_store.cli import main
 from harel_store.sqlite import SqliteStore
@@ -76,24 +78,39 @@ def test_errors_are_one_line(tmp_path: Path, capsys: object) -> None:
     assert not (tmp_path / "missing.db").exists()
 
 
-def test_serve_metrics(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_serve_metrics_until_a_signal(tmp_path: Path, signum: int) -> None:
+    """The served figures are the store's own; SIGTERM (SIGINT) ends the server with
+    143 (130), as a shell reports a process that signal ended, its store closed (SQLite
+    removes the write-ahead log when its last connection closes)."""
     url = made(tmp_path)
-    port = 20000 + os.getpid() % 20000
     proc = subprocess.Popen(
-        [sys.executable, "-m", "harel_store", "inspect", url, "--serve", str(port)],
+        [sys.executable, "-m", "harel_store", "inspect", url, "--serve", "0"],
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
         assert proc.stderr is not None
-        assert "/metrics" in proc.stderr.readline()
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as got:
+        line = proc.stderr.readline()
+        found = re.search(r"(http://127\.0\.0\.1:\d+/metrics)", line)
+        assert found, line
+        with urllib.request.urlopen(found.group(1), timeout=10) as got:
             text = got.read().decode()
-        assert "harel_store_executions 5.0" in text and "harel_store_outbox 9.0" in text
+        with SqliteStore(tmp_path / "s.db") as store:
+            own = store.overview()
+        assert f"harel_store_executions {float(own['executions'])}" in text
+        assert f"harel_store_outbox {float(own['outbox'])}" in text and own["outbox"] == 9
         assert "harel_store_outbox_oldest_age" in text
+        assert (tmp_path / "s.db-wal").exists()  # the server's store is open
+        proc.send_signal(signum)
+        assert proc.wait(30) == 128 + signum
+        rest = proc.stderr.read()
+        assert rest.count("\n") == 1 and "stopped serving" in rest, rest
+        assert not (tmp_path / "s.db-wal").exists()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(10)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
         if proc.stderr is not None:
             proc.stderr.close()
 

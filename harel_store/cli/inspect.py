@@ -21,8 +21,9 @@ DESCRIPTION = (
     "outbox and spawn entries, timers, processed marks and commit ids it holds; how old "
     "the oldest pending outbox and spawn entries are; the live and expired leases; the "
     "timers due now and when the next one fires. --json prints it as one JSON object; "
-    "--serve PORT serves it to Prometheus on http://HOST:PORT/metrics until stopped. "
-    "Exits 0, 1 when the store cannot be read, 2 for a usage error (a bad URL)."
+    "--serve PORT serves it to Prometheus on http://HOST:PORT/metrics (PORT 0: a free "
+    "port, named on stderr) until SIGINT or SIGTERM, then exits 130 or 143, the store "
+    "closed. Exits 0, 1 when the store cannot be read, 2 for a usage error (a bad URL)."
 )
 
 

@@ -1,11 +1,14 @@
 """What every store's ``overview``, ``list_executions`` and ``prune`` share: the checks of
 their arguments, the keys of an overview, the durations the command line takes, and the
-shape of one execution as ``show`` prints it."""
+shape of one execution as ``show`` prints it, and the line a claim that took over leases
+logs."""
 
 from __future__ import annotations
 
+import logging
 import math
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from ._checks import as_limit, as_time
@@ -98,3 +101,21 @@ def execution_view(
         "processed": marks,
         "commit_ids": commits,
     }
+
+
+_TAKEN_WHAT = {"outbox": "outbox entries", "spawns": "spawn intents", "timers": "timers"}
+_TAKEN_NAMED = 10  # the line names this many of them at most
+
+
+def log_takeover(log: logging.Logger, where: str, table: str, taken: Sequence[Any]) -> None:
+    """One WARNING for a claim of ``table`` that took over ``taken`` (the seqs of outbox
+    entries or spawn intents, the ``(execution_id, path)`` of timers) whose lease ran out
+    unacked."""
+    named = ", ".join(map(str, taken[:_TAKEN_NAMED]))
+    if len(taken) > _TAKEN_NAMED:
+        named += f", ... ({len(taken) - _TAKEN_NAMED} more)"
+    log.warning(
+        "%s: a claim took over %d %s whose lease ran out unacked (a worker died or is "
+        "slow): %s",
+        where, len(taken), _TAKEN_WHAT[table], named,
+    )  # fmt: skip

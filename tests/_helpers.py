@@ -1,4 +1,5 @@
-"""Helpers shared by the tests: drive the async store, and snapshot what a store shows."""
+"""Helpers shared by the tests: drive the async store, snapshot what a store shows, and
+settle a call of either store."""
 
 from __future__ import annotations
 
@@ -190,3 +191,8 @@ def worker_pids(parent: int) -> list[int]:
         if ppid == parent and b"spawn_main" in cmdline:
             pids.append(int(stat.parent.name))
     return sorted(pids)
+
+
+async def settled(value: Any) -> Any:
+    """``value``, awaited when it is awaitable (a call of an async store)."""
+    return await value if inspect.isawaitable(value) else value

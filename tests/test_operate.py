@@ -5,6 +5,7 @@ database written by the previous schema version opened, migrated and kept whole.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import multiprocessing
 import shutil
@@ -14,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _helpers import settled
 
 from harel_store import Commit, Execution, TimerOp
-from harel_store.sqlite import SqliteStore
+from harel_store.sqlite import AsyncSqliteStore, SqliteStore
 
 DATA = Path(__file__).parent / "data"
 
@@ -263,24 +265,44 @@ def test_a_migration_is_logged_and_nothing_on_the_hot_path(
         assert caplog.records == []
 
 
+async def _take_over(store: Any, clock: list[float], caplog: pytest.LogCaptureFixture) -> None:
+    await settled(
+        store.commit(
+            Execution(id="a"), [(None, 1), (None, 2), (None, 3)], spawns=[("c", ("r",), {})],
+            timers=[TimerOp("schedule", "t", 50.0)],
+        )
+    )  # fmt: skip
+    with caplog.at_level("INFO", logger="harel_store"):
+        first = await settled(store.claim_outbox(2, lease=10.0))
+        assert len(await settled(store.claim_outbox(5, lease=10.0))) == 1  # no takeover
+        await settled(store.claim_spawns(5, lease=10.0))
+        await settled(store.claim_due_timers(100.0, 5, lease=10.0))
+        assert caplog.records == []
+        clock[0] = 111.0  # every lease ran out
+        assert len(await settled(store.claim_outbox(2, lease=10.0))) == 2
+        assert len(await settled(store.claim_spawns(5, lease=10.0))) == 1
+        assert len(await settled(store.claim_due_timers(111.0, 5, lease=10.0))) == 1
+    said = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
+    assert [(name, level) for name, level, _ in said] == [("harel_store.sqlite", "WARNING")] * 3
+    assert "took over 2 outbox entries" in said[0][2]
+    assert said[0][2].endswith(f": {first[0].seq}, {first[1].seq}"), said[0][2]
+    assert "took over 1 spawn intents" in said[1][2]
+    assert "took over 1 timers" in said[2][2] and said[2][2].endswith("('a', 't')")
+
+
 def test_a_lease_taken_over_is_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     clock = [100.0]
     with SqliteStore(tmp_path / "s.db", clock=lambda: clock[0]) as store:
-        store.commit(
-            Execution(id="a"), [(None, 1), (None, 2)], spawns=[("c", ("r",), {})],
-            timers=[TimerOp("schedule", "t", 50.0)],
-        )  # fmt: skip
-        with caplog.at_level("INFO", logger="harel_store"):
-            assert len(store.claim_outbox(1, lease=10.0)) == 1
-            assert len(store.claim_outbox(5, lease=10.0)) == 1  # the other one: no takeover
-            store.claim_spawns(5, lease=10.0)
-            store.claim_due_timers(100.0, 5, lease=10.0)
-            assert caplog.records == []
-            clock[0] = 111.0
-            assert len(store.claim_outbox(1, lease=10.0)) == 1
-            assert len(store.claim_spawns(5, lease=10.0)) == 1
-            assert len(store.claim_due_timers(111.0, 5, lease=10.0)) == 1
-        said = [(r.levelname, r.getMessage()) for r in caplog.records]
-        assert [level for level, _ in said] == ["WARNING"] * 3
-        assert "took over 1 outbox entries" in said[0][1]
-        assert "1 spawn intents" in said[1][1] and "1 timers" in said[2][1]
+        asyncio.run(_take_over(store, clock, caplog))
+
+
+def test_a_lease_taken_over_is_logged_async(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = [100.0]
+
+    async def main() -> None:
+        async with AsyncSqliteStore(tmp_path / "s.db", clock=lambda: clock[0]) as store:
+            await _take_over(store, clock, caplog)
+
+    asyncio.run(main())

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from _helpers import settled
 
 from harel_store import Commit, Execution, TimerOp
 
@@ -253,3 +254,60 @@ def test_a_migration_is_logged(
         opened().commit(Execution(id="a"), [])
     assert [r.getMessage() for r in caplog.records if "migrated" in r.getMessage()]
     assert all(r.name.startswith("harel_store") for r in caplog.records)
+
+
+async def _take_over(store: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Entries leased for no time, then claimed again: what was logged meanwhile."""
+    await settled(
+        store.commit(
+            Execution(id="a"), [(None, i) for i in range(3)], processed_event_id="m",
+            spawns=[("c", ("r",), {})], timers=[TimerOp("schedule", "t", 50.0)],
+        )
+    )  # fmt: skip
+    with caplog.at_level("DEBUG", logger="harel_store"):
+        first = await settled(store.claim_outbox(2, lease=0.0))  # runs out at once
+        assert len(await settled(store.claim_spawns(5, lease=0.0))) == 1
+        assert len(await settled(store.claim_due_timers(100.0, 5, lease=0.0))) == 1
+        assert caplog.records == []  # fresh entries: nothing taken over
+        assert len(await settled(store.claim_outbox(5, lease=60.0))) == 3
+        assert len(await settled(store.claim_spawns(5, lease=60.0))) == 1
+        assert len(await settled(store.claim_due_timers(100.0, 5, lease=60.0))) == 1
+        assert await settled(store.claim_outbox(5)) == []
+    said = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
+    assert [(name, level) for name, level, _ in said] == [("harel_store.postgres", "WARNING")] * 3
+    assert "took over 2 outbox entries" in said[0][2]
+    assert said[0][2].endswith(f": {first[0].seq}, {first[1].seq}"), said[0][2]
+    assert "took over 1 spawn intents" in said[1][2]
+    assert "took over 1 timers" in said[2][2] and said[2][2].endswith("('a', 't')")
+
+
+def test_a_lease_taken_over_is_logged(
+    opened: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    asyncio.run(_take_over(opened(), caplog))
+
+
+def test_a_lease_taken_over_is_logged_async(
+    url: str, pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        async with AsyncPostgresStore(url, schema=pg_schema) as store:
+            await _take_over(store, caplog)
+
+    asyncio.run(main())
+
+
+def test_nothing_logged_on_the_hot_path(
+    opened: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Commits, claims of fresh entries, acks and batches say nothing, even at DEBUG."""
+    store = opened()
+    store.commit(Execution(id="w"), [])
+    with caplog.at_level("DEBUG", logger="harel_store"):
+        for i in range(20):
+            exe = store.load("w")
+            store.commit(exe, [(None, i)], processed_event_id=f"m{i}", commit_id=f"k{i}")
+        fill(store, 20)
+        store.ack_outbox_many([e.seq for e in store.claim_outbox(100)])
+        assert store.claim_outbox(100) == []
+    assert caplog.records == []

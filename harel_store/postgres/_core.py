@@ -479,6 +479,9 @@ class _Core:
             return []
         rows = yield _Query(self.sql.claim[table], (lease, limit), True)
         rows.sort()
+        taken = [row[0] for row in rows if row[-1]]
+        if taken:
+            _operate.log_takeover(self.describe(), table, taken)
         return self._entries(table, rows)
 
     def due_timers(self, now: Any) -> _Op:
@@ -494,7 +497,10 @@ class _Core:
             return []
         rows = yield _Query(self.sql.claim_timers, (lease, now, limit), True)
         rows.sort()
-        return [(eid, path, fire_at) for fire_at, _, eid, path in rows]
+        taken = [(eid, path) for _, _, eid, path, was in rows if was]
+        if taken:
+            _operate.log_takeover(self.describe(), "timers", taken)
+        return [(eid, path, fire_at) for fire_at, _, eid, path, _ in rows]
 
     def delete_timer(self, execution_id: Any, path: Any, fire_at: Any) -> _Op:
         _checks.str_id(execution_id, "execution_id")
@@ -588,12 +594,13 @@ class _Core:
     # --- helpers -----------------------------------------------------------------------
 
     def _entries(self, table: str, rows: list[Any]) -> list[Any]:
+        """The entries of ``rows`` (a claim's end with one more column)."""
         decode = self.codec.decode_value
         if table == "outbox":
-            return [OutboxEntry(seq, target, decode(_unpack(event))) for seq, target, event in rows]
+            return [OutboxEntry(row[0], row[1], decode(_unpack(row[2]))) for row in rows]
         return [
-            SpawnEntry(seq, parent, child, decode(_unpack(root)), decode(_unpack(context)))
-            for seq, parent, child, root, context in rows
+            SpawnEntry(row[0], row[1], row[2], decode(_unpack(row[3])), decode(_unpack(row[4])))
+            for row in rows
         ]
 
     def _encode_exe(self, exe: Any, eid: str) -> Any:

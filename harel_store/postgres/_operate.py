@@ -7,10 +7,13 @@ statements run by the stores like the core's."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 from .. import _checks, _operate
+
+_log = logging.getLogger("harel_store.postgres")
 
 _STAMPS = (("outbox", "committed_at"), ("spawns", "committed_at"),
            ("processed", "recorded_at"), ("commit_ids", "recorded_at"))  # fmt: skip
@@ -162,3 +165,8 @@ async def aprune(run: Any, older_than: Any, batch: int = _operate.PRUNE_BATCH) -
             if n < batch:
                 break
     return deleted
+
+
+def log_takeover(where: str, table: str, taken: list[Any]) -> None:
+    """Say that a claim took over ``taken`` (seqs, or timers' ``(execution_id, path)``)."""
+    _operate.log_takeover(_log, where, table, taken)

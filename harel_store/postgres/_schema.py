@@ -225,6 +225,11 @@ _COPIED = (
 _BATCH = 500  # rows per executemany while restoring
 
 
+# The last column of a claim's rows: whether it took over a lease that ran out unacked
+# (the lease the row had before the claim; '-infinity' is never leased).
+_TAKEN = "c.lease_until > '-infinity'"
+
+
 class _Sql:
     """The statements of one schema (``s`` is its quoted name)."""
 
@@ -276,11 +281,11 @@ WHERE %(keep)s::bigint > 0 AND tr.execution_id = %(id)s
             table: f"""
 UPDATE {s}.{table} AS q SET lease_until = now() + make_interval(secs => %s)
 FROM (
-    SELECT seq FROM {s}.{table} WHERE lease_until <= now()
+    SELECT seq, lease_until FROM {s}.{table} WHERE lease_until <= now()
     ORDER BY seq LIMIT %s FOR UPDATE SKIP LOCKED
 ) AS c
 WHERE q.seq = c.seq
-RETURNING q.seq, {", ".join(f"q.{c}" for c in cols.split(", "))}"""
+RETURNING q.seq, {", ".join(f"q.{c}" for c in cols.split(", "))}, {_TAKEN}"""
             for table, cols in columns.items()
         }
         self.due_timers = (
@@ -290,11 +295,12 @@ RETURNING q.seq, {", ".join(f"q.{c}" for c in cols.split(", "))}"""
         self.claim_timers = f"""
 UPDATE {s}.timers AS t SET lease_until = now() + make_interval(secs => %s)
 FROM (
-    SELECT execution_id, path FROM {s}.timers WHERE fire_at <= %s AND lease_until <= now()
+    SELECT execution_id, path, lease_until FROM {s}.timers
+    WHERE fire_at <= %s AND lease_until <= now()
     ORDER BY fire_at, seq LIMIT %s FOR UPDATE SKIP LOCKED
 ) AS c
 WHERE t.execution_id = c.execution_id AND t.path = c.path
-RETURNING t.fire_at, t.seq, t.execution_id, t.path"""
+RETURNING t.fire_at, t.seq, t.execution_id, t.path, {_TAKEN}"""
         self.delete_timer = (
             f"DELETE FROM {s}.timers WHERE execution_id = %s AND path = %s AND fire_at = %s"
         )

@@ -219,24 +219,24 @@ def show(store: Any, execution_id: Any) -> dict[str, Any] | None:
 # takes the first claimable rows in its order). The partial lease index answers it; with
 # no lease run out, the range it reads is empty.
 _TAKEN = {
-    "outbox": "SELECT count(*) FROM outbox WHERE lease_until > 0 AND lease_until <= ? AND seq <= ?",
-    "spawns": "SELECT count(*) FROM spawns WHERE lease_until > 0 AND lease_until <= ? AND seq <= ?",
-    "timers": (
-        "SELECT count(*) FROM timers WHERE lease_until > 0 AND lease_until <= ? AND fire_at <= ?"
-    ),
+    table: f"SELECT seq FROM {table} WHERE lease_until > 0 AND lease_until <= ? AND seq <= ?"
+    " ORDER BY seq"
+    for table in ("outbox", "spawns")
 }
-_WHAT = {"outbox": "outbox entries", "spawns": "spawn intents", "timers": "timers"}
+_TAKEN["timers"] = (
+    "SELECT execution_id, path FROM timers WHERE lease_until > 0 AND lease_until <= ?"
+    " AND fire_at <= ? ORDER BY fire_at, seq"
+)
 
 
-def taken_over(conn: sqlite3.Connection, table: str, clock: float, last: Any) -> int:
-    """How many leases of ``table`` that ran out by ``clock`` a claim ending at ``last``
-    (its last seq, or a timer's ``fire_at``) takes over."""
-    (n,) = conn.execute(_TAKEN[table], (clock, last)).fetchone()
-    return int(n)
+def taken_over(conn: sqlite3.Connection, table: str, clock: float, last: Any) -> Any:
+    """The leases of ``table`` that ran out by ``clock`` a claim ending at ``last`` (its
+    last seq, or a timer's ``fire_at``) takes over, a list (empty: none): their seqs, a
+    timer's ``(execution_id, path)``. Typed ``Any``: the store's claim starts from
+    ``taken = 0``."""
+    rows = conn.execute(_TAKEN[table], (clock, last)).fetchall()
+    return [row[0] for row in rows] if table != "timers" else rows
 
 
-def log_takeover(path: str, table: str, n: int) -> None:
-    _log.warning(
-        "%s: a claim took over %d %s whose lease ran out unacked (a worker died or is slow)",
-        path, n, _WHAT[table],
-    )  # fmt: skip
+def log_takeover(path: str, table: str, taken: Any) -> None:
+    _operate.log_takeover(_log, path, table, taken)

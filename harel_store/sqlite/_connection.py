@@ -92,6 +92,64 @@ def _begin(conn: sqlite3.Connection, path: str) -> None:
         ) from exc
 
 
+class _Transaction:
+    """``with _Transaction(store, undo) as conn``: one write transaction of ``store``, under
+    its lock. ``BEGIN IMMEDIATE`` on entry (:func:`_begin`); ``COMMIT`` at the end, unless
+    the body ended the transaction itself (a replay rolls its record back). On any
+    exception, and when ``COMMIT`` fails: ``ROLLBACK``, then ``undo()`` (which sets back the
+    versions the body set, with :func:`_set_back`), then the driver's error raised as the store's own
+    (:func:`_write_failed`). A plain class, not a generator: it is on every commit's path."""
+
+    __slots__ = ("_conn", "_store", "_undo")
+
+    def __init__(self, store: Any, undo: Callable[[], None] | None = None) -> None:
+        self._store = store
+        self._undo = undo
+        self._conn: sqlite3.Connection | None = None
+
+    def __enter__(self) -> sqlite3.Connection:
+        store = self._store
+        store._lock.acquire()
+        try:
+            conn: sqlite3.Connection | None = store._conn
+            if conn is None:
+                raise _closed()
+            _begin(conn, store._path)
+        except BaseException:
+            store._lock.release()
+            raise
+        self._conn = conn
+        return conn
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        store = self._store
+        conn = self._conn
+        assert conn is not None
+        try:
+            if exc is None:
+                try:
+                    if conn.in_transaction:
+                        conn.execute("COMMIT")
+                    return
+                except BaseException as failed:
+                    self._abort(conn)
+                    if isinstance(failed, sqlite3.Error):
+                        raise _write_failed(store._path, failed) from failed
+                    raise
+            self._abort(conn)
+            if isinstance(exc, sqlite3.Error):
+                raise _write_failed(store._path, exc) from exc
+        finally:
+            self._conn = None
+            store._lock.release()
+
+    def _abort(self, conn: sqlite3.Connection) -> None:
+        if self._store._conn is conn:  # caller code (a codec) may have closed the store
+            _rollback(conn)
+        if self._undo is not None:
+            self._undo()
+
+
 def _write_failed(path: str, exc: sqlite3.Error) -> StoreError:
     """The driver's error from a write transaction (rolled back), as the store's own: a
     file it may read but not write, a damaged file, a full disk."""
@@ -102,14 +160,17 @@ def _read_failed(path: str, exc: sqlite3.Error) -> StoreError:
     return StoreError(f"reading the SQLite database {path!r} failed: {exc}")
 
 
-def _rollback(conn: sqlite3.Connection, exe: Any = None, version: int | None = None) -> None:
-    """Undo the open transaction, and the version a failed commit may have set."""
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Undo the open transaction, if one is open."""
     if conn.in_transaction:
         conn.execute("ROLLBACK")
-    if exe is not None:
-        with contextlib.suppress(Exception):  # the error being raised is the one to show
-            if exe.version != version:
-                exe.version = version
+
+
+def _set_back(exe: Any, version: int) -> None:
+    """Undo the version a failed commit may have set on ``exe``."""
+    with contextlib.suppress(Exception):  # the error being raised is the one to show
+        if exe.version != version:
+            exe.version = version
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:

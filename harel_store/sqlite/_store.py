@@ -16,17 +16,16 @@ from .._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreErro
 from .._records import DEFAULT_TRACE_MAX, Commit, OutboxEntry, SpawnEntry, TimerOp
 from . import _batch, _copying, _operate
 from ._connection import (
-    _begin,
     _closed,
     _id,
     _not_utf8,
     _options,
     _read_failed,
-    _rollback,
+    _set_back,
     _text,
     _texts,
+    _Transaction,
     _uri,
-    _write_failed,
 )
 from ._schema import (
     _ARM,
@@ -59,6 +58,7 @@ _CLAIM_ID = (
     "INSERT INTO commit_ids (execution_id, commit_id, digest, version) VALUES (?, ?, ?, ?)"
     " ON CONFLICT DO NOTHING"
 )
+_DELETE_TIMERS = "DELETE FROM timers WHERE (execution_id, path, fire_at) IN (VALUES {})"
 _POLL_FIRST = 0.002  # wait_for_work: the first pause between two looks at the counter,
 _POLL_MAX = 0.02  # doubled up to this one (the latency of a wake-up)
 
@@ -202,20 +202,9 @@ class SqliteStore(_transfer.Uncopyable):
             epoch = _checks.durable_epoch(epoch)
         version = _checks.durable_exe_version(exe)
         blob = self._encode_exe(exe, eid)
-        with self._lock:
-            conn = self._conn
-            if conn is None:
-                raise _closed()
-            _begin(conn, self._path)
-            try:
-                _cas(conn, eid, version, blob, epoch)
-                _checks.set_version(exe, version + 1)
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                _rollback(conn, exe, version)
-                if isinstance(exc, sqlite3.Error):
-                    raise _write_failed(self._path, exc) from exc
-                raise
+        with self._transaction(lambda: _set_back(exe, version)) as conn:
+            _cas(conn, eid, version, blob, epoch)
+            _checks.set_version(exe, version + 1)
 
     def commit(
         self,
@@ -243,51 +232,40 @@ class SqliteStore(_transfer.Uncopyable):
         p = self._prepare(exe, emits, processed_event_id, timers, spawns, trace, commit_id, epoch)
         eid, version, digest, events = p.eid, p.version, p.digest, p.events
 
-        with self._lock:
-            conn = self._conn
-            if conn is None:
-                raise _closed()
-            _begin(conn, self._path)
-            try:
-                new = version + 1
-                # The id is recorded first: a replay is found by the insert that records it
-                # (one statement fewer than a look-up then an insert); a refusal rolls it back.
-                if (
-                    digest is not None
-                    and not conn.execute(_CLAIM_ID, (eid, commit_id, digest, new)).rowcount
-                ):
-                    done = conn.execute(_DONE, (eid, commit_id)).fetchone()
-                    conn.execute("ROLLBACK")
-                    if done[0] != digest:
-                        raise IdempotencyConflict(eid, p.commit_id)  # type: ignore[arg-type]
-                    _checks.set_version(exe, done[1])
-                    return
-                _cas(conn, eid, version, p.blob, p.epoch)
-                if events:
-                    if len(events) == 1:
-                        conn.execute(_EMIT, events[0])
-                    else:
-                        conn.executemany(_EMIT, events)
-                if p.mark is not None:
-                    conn.execute(_MARK, (eid, p.mark))
-                for action, path, fire_at in p.timers:
-                    if action == "schedule":
-                        conn.execute(_ARM, (eid, path, fire_at))
-                    else:
-                        conn.execute(_DISARM, (eid, path))
-                if p.born:
-                    conn.executemany(_SPAWN, p.born)
-                if p.step is not None:
-                    self._push_step(conn, eid, p.step)
-                if events or p.born or p.armed:
-                    conn.execute(_BUMP)
-                _checks.set_version(exe, new)
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                _rollback(conn, exe, version)
-                if isinstance(exc, sqlite3.Error):
-                    raise _write_failed(self._path, exc) from exc
-                raise
+        with self._transaction(lambda: _set_back(exe, version)) as conn:
+            new = version + 1
+            # The id is recorded first: a replay is found by the insert that records it
+            # (one statement fewer than a look-up then an insert); a refusal rolls it back.
+            if (
+                digest is not None
+                and not conn.execute(_CLAIM_ID, (eid, commit_id, digest, new)).rowcount
+            ):
+                done = conn.execute(_DONE, (eid, commit_id)).fetchone()
+                conn.execute("ROLLBACK")
+                if done[0] != digest:
+                    raise IdempotencyConflict(eid, p.commit_id)  # type: ignore[arg-type]
+                _checks.set_version(exe, done[1])
+                return
+            _cas(conn, eid, version, p.blob, p.epoch)
+            if events:
+                if len(events) == 1:
+                    conn.execute(_EMIT, events[0])
+                else:
+                    conn.executemany(_EMIT, events)
+            if p.mark is not None:
+                conn.execute(_MARK, (eid, p.mark))
+            for action, path, fire_at in p.timers:
+                if action == "schedule":
+                    conn.execute(_ARM, (eid, path, fire_at))
+                else:
+                    conn.execute(_DISARM, (eid, path))
+            if p.born:
+                conn.executemany(_SPAWN, p.born)
+            if p.step is not None:
+                self._push_step(conn, eid, p.step)
+            if events or p.born or p.armed:
+                conn.execute(_BUMP)
+            _checks.set_version(exe, new)
 
     def _prepare(
         self,
@@ -395,43 +373,34 @@ class SqliteStore(_transfer.Uncopyable):
         return [None] * len(seqs)
 
     def _delete_timer_group(self, triples: list[tuple[Any, Any, float]]) -> list[Exception | None]:
+        """The timer deletions of many callers (``AsyncSqliteStore``'s group commit) in one
+        transaction: each caller's outcome, its own bad ids included."""
         outcomes: list[Exception | None] = [None] * len(triples)
         good = []
-        for i, (execution_id, path, fire_at) in enumerate(triples):
+        for i, triple in enumerate(triples):
             try:
-                _id(execution_id, "execution_id")
-                _id(path, "path")
+                _timer_ids(triple)
             except (TypeError, ValueError) as exc:
                 outcomes[i] = exc
             else:
-                good.append((execution_id, path, fire_at))
-        self._write_many(
-            "DELETE FROM timers WHERE (execution_id, path, fire_at) IN (VALUES {})", good
-        )
+                good.append(triple)
+        self._write_many(_DELETE_TIMERS, good)
         return outcomes
 
     def _write_batch(self, batch: list[_batch.Prepared]) -> list[StoreError | None]:
         """Write prepared commits in one transaction; their outcomes."""
         if not batch:
             return []
-        with self._lock:
-            conn = self._conn
-            if conn is None:
-                raise _closed()
-            _begin(conn, self._path)
-            applied: list[_batch.Prepared] = []
-            try:
-                outcomes, applied, replays = _batch.write(conn, batch, self._trace_max)
-                for p in applied:
-                    _checks.set_version(p.exe, p.version + 1)
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                _rollback(conn)
-                for p in applied:
-                    _rollback(conn, p.exe, p.version)
-                if isinstance(exc, sqlite3.Error):
-                    raise _write_failed(self._path, exc) from exc
-                raise
+        applied: list[_batch.Prepared] = []
+
+        def undo() -> None:
+            for p in applied:
+                _set_back(p.exe, p.version)
+
+        with self._transaction(undo) as conn:
+            outcomes, applied[:], replays = _batch.write(conn, batch, self._trace_max)
+            for p in applied:
+                _checks.set_version(p.exe, p.version + 1)
         for p, version in replays:
             _checks.set_version(p.exe, version)
         return outcomes
@@ -527,26 +496,16 @@ class SqliteStore(_transfer.Uncopyable):
         lease = _checks.as_lease(lease)
         if not limit:
             return []
-        with self._lock:
-            conn = self._conn
-            if conn is None:
-                raise _closed()
-            _begin(conn, self._path)
-            try:
-                clock = self._now()  # under the write lock: waiting for it takes no lease time
-                rows = conn.execute(_CLAIM_TIMERS, (now, clock, limit)).fetchall()
-                if rows:
-                    taken = _operate.taken_over(conn, "timers", clock, rows[-1][3])
-                    until = clock + lease
-                    conn.executemany(_LEASE_TIMER, [(until, row[0]) for row in rows])
-                conn.execute("COMMIT")
-                if rows and taken:
-                    _operate.log_takeover(self._path, "timers", taken)
-            except BaseException as exc:
-                _rollback(conn)
-                if isinstance(exc, sqlite3.Error):
-                    raise _write_failed(self._path, exc) from exc
-                raise
+        taken: list[Any] = []
+        with self._transaction() as conn:
+            clock = self._now()  # under the write lock: waiting for it takes no lease time
+            rows = conn.execute(_CLAIM_TIMERS, (now, clock, limit)).fetchall()
+            if rows:
+                taken = _operate.taken_over(conn, "timers", clock, rows[-1][3])
+                until = clock + lease
+                conn.executemany(_LEASE_TIMER, [(until, row[0]) for row in rows])
+        if taken:
+            _operate.log_takeover(self._path, "timers", taken)
         return [row[1:] for row in rows]
 
     def delete_timer(self, execution_id: str, path: str, fire_at: float) -> None:
@@ -554,8 +513,7 @@ class SqliteStore(_transfer.Uncopyable):
         before a re-arm cannot delete the re-armed timer. Ends its lease."""
         if self._conn is None:
             raise _closed()
-        _id(execution_id, "execution_id")
-        _id(path, "path")
+        _timer_ids((execution_id, path, fire_at))
         fire_at = _checks.as_time(fire_at, "fire_at")
         self._write_one(
             "DELETE FROM timers WHERE execution_id = ? AND path = ? AND fire_at = ?",
@@ -568,12 +526,9 @@ class SqliteStore(_transfer.Uncopyable):
         if self._conn is None:
             raise _closed()
         triples = _checks.timer_triples(timers)
-        for i, (execution_id, path, _) in enumerate(triples):
-            _id(execution_id, f"the execution id of timers[{i}]")
-            _id(path, f"the path of timers[{i}]")
-        self._write_many(
-            "DELETE FROM timers WHERE (execution_id, path, fire_at) IN (VALUES {})", triples
-        )
+        for i, triple in enumerate(triples):
+            _timer_ids(triple, i)
+        self._write_many(_DELETE_TIMERS, triples)
 
     # --- trace -------------------------------------------------------------------------
 
@@ -607,20 +562,9 @@ class SqliteStore(_transfer.Uncopyable):
         if self._conn is None:
             raise _closed()
         _id(execution_id, "execution_id")
-        with self._lock:
-            conn = self._conn
-            if conn is None:
-                raise _closed()
-            _begin(conn, self._path)
-            try:
-                for sql in _FORGET:
-                    conn.execute(sql, (execution_id,))
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                _rollback(conn)
-                if isinstance(exc, sqlite3.Error):
-                    raise _write_failed(self._path, exc) from exc
-                raise
+        with self._transaction() as conn:
+            for sql in _FORGET:
+                conn.execute(sql, (execution_id,))
 
     def stats(self) -> dict[str, int]:
         """Counts for monitoring, read in one snapshot (each a count of rows)."""
@@ -678,19 +622,8 @@ class SqliteStore(_transfer.Uncopyable):
         step = _checks.trace_step(entry, "trace entry")
         _id(execution_id, "execution_id")
         data = self._encode(step, "the trace entry")
-        with self._lock:
-            conn = self._conn
-            if conn is None:
-                raise _closed()
-            _begin(conn, self._path)
-            try:
-                self._push_step(conn, execution_id, data)
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                _rollback(conn)
-                if isinstance(exc, sqlite3.Error):
-                    raise _write_failed(self._path, exc) from exc
-                raise
+        with self._transaction() as conn:
+            self._push_step(conn, execution_id, data)
 
     # --- copying (harel_store.copy_store) ----------------------------------------------
 
@@ -724,35 +657,22 @@ class SqliteStore(_transfer.Uncopyable):
         counters continue after the copied ones; waiting relays are woken."""
         if self._conn is None:
             raise _closed()
-        with self._lock:
-            conn = self._conn
-            if conn is None:
-                raise _closed()
-            _begin(conn, self._path)
+        with self._transaction() as conn:
+            held = _copying.held(conn)
+            if any(held.values()):
+                raise _transfer.not_empty(self, held)
             try:
-                held = _copying.held(conn)
-                if any(held.values()):
-                    raise _transfer.not_empty(self, held)
-                try:
-                    rows = _transfer.durable_rows(
-                        records, encode=self._encode, encode_exe=self._encode_exe,
-                        canonical=self._canonical, digest=self._digest, keep=self._trace_max,
-                    )  # fmt: skip
-                    _copying.write_rows(conn, rows)
-                except sqlite3.IntegrityError as exc:
-                    raise ValueError(
-                        f"the records to copy hold the same thing twice ({exc}); "
-                        "nothing was written"
-                    ) from None
-                except UnicodeEncodeError as exc:  # the driver's, binding an id
-                    raise _not_utf8(exc.object, exc.start, "a text of a record to copy") from None
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                if self._conn is conn:
-                    _rollback(conn)
-                if isinstance(exc, sqlite3.Error):
-                    raise _write_failed(self._path, exc) from exc
-                raise
+                rows = _transfer.durable_rows(
+                    records, encode=self._encode, encode_exe=self._encode_exe,
+                    canonical=self._canonical, digest=self._digest, keep=self._trace_max,
+                )  # fmt: skip
+                _copying.write_rows(conn, rows)
+            except sqlite3.IntegrityError as exc:
+                raise ValueError(
+                    f"the records to copy hold the same thing twice ({exc}); nothing was written"
+                ) from None
+            except UnicodeEncodeError as exc:  # the driver's, binding an id
+                raise _not_utf8(exc.object, exc.start, "a text of a record to copy") from None
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -802,20 +722,14 @@ class SqliteStore(_transfer.Uncopyable):
             except sqlite3.Error as exc:
                 raise _read_failed(self._path, exc) from exc
 
+    def _transaction(self, undo: Callable[[], None] | None = None) -> _Transaction:
+        """``with self._transaction(undo) as conn``: one write transaction (see
+        :class:`~harel_store.sqlite._connection._Transaction`)."""
+        return _Transaction(self, undo)
+
     def _write_one(self, sql: str, params: tuple[Any, ...]) -> None:
-        with self._lock:
-            conn = self._conn
-            if conn is None:
-                raise _closed()
-            _begin(conn, self._path)
-            try:
-                conn.execute(sql, params)
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                _rollback(conn)
-                if isinstance(exc, sqlite3.Error):
-                    raise _write_failed(self._path, exc) from exc
-                raise
+        with self._transaction() as conn:
+            conn.execute(sql, params)
 
     def _delete_seqs(self, table: str, seqs: Iterable[int]) -> None:
         if self._conn is None:
@@ -832,19 +746,8 @@ class SqliteStore(_transfer.Uncopyable):
         statement, in one transaction."""
         if not rows:
             return
-        with self._lock:
-            conn = self._conn
-            if conn is None:
-                raise _closed()
-            _begin(conn, self._path)
-            try:
-                _batch.each_chunk(conn, sql, rows)
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                _rollback(conn)
-                if isinstance(exc, sqlite3.Error):
-                    raise _write_failed(self._path, exc) from exc
-                raise
+        with self._transaction() as conn:
+            _batch.each_chunk(conn, sql, rows)
 
     def _claim(self, table: str, limit: Any, lease: Any) -> list[tuple[Any, ...]]:
         if self._conn is None:
@@ -854,26 +757,16 @@ class SqliteStore(_transfer.Uncopyable):
         if not limit:
             return []
         select, update = _CLAIM[table]
-        with self._lock:
-            conn = self._conn
-            if conn is None:
-                raise _closed()
-            _begin(conn, self._path)
-            try:
-                clock = self._now()  # under the write lock: waiting for it takes no lease time
-                rows = conn.execute(select, (clock, limit)).fetchall()
-                if rows:
-                    taken = _operate.taken_over(conn, table, clock, rows[-1][0])
-                    until = clock + lease
-                    conn.executemany(update, [(until, row[0]) for row in rows])
-                conn.execute("COMMIT")
-                if rows and taken:
-                    _operate.log_takeover(self._path, table, taken)
-            except BaseException as exc:
-                _rollback(conn)
-                if isinstance(exc, sqlite3.Error):
-                    raise _write_failed(self._path, exc) from exc
-                raise
+        taken: list[Any] = []
+        with self._transaction() as conn:
+            clock = self._now()  # under the write lock: waiting for it takes no lease time
+            rows = conn.execute(select, (clock, limit)).fetchall()
+            if rows:
+                taken = _operate.taken_over(conn, table, clock, rows[-1][0])
+                until = clock + lease
+                conn.executemany(update, [(until, row[0]) for row in rows])
+        if taken:
+            _operate.log_takeover(self._path, table, taken)
         return rows
 
     def _outbox_entries(self, rows: list[Any]) -> list[OutboxEntry]:
@@ -947,3 +840,15 @@ def _cas(conn: sqlite3.Connection, eid: str, version: int, blob: Any, epoch: int
         raise StaleWriter(eid, epoch, row[1])
     else:
         raise StoreConflict(eid, version, row[0])
+
+
+def _timer_ids(triple: tuple[Any, Any, Any], i: int = -1) -> None:
+    """The ids of a ``(execution_id, path, fire_at)`` of :meth:`SqliteStore.delete_timer`
+    (``i`` its place in ``delete_timer_many``'s ``timers``): ``str`` ids SQLite can hold."""
+    execution_id, path, _ = triple
+    if i < 0:
+        _id(execution_id, "execution_id")
+        _id(path, "path")
+    else:
+        _id(execution_id, f"the execution id of timers[{i}]")
+        _id(path, f"the path of timers[{i}]")

@@ -1,5 +1,5 @@
 """Helpers shared by the tests: drive the async store, snapshot what a store shows, and
-settle a call of either store."""
+fill a store with executions."""
 
 from __future__ import annotations
 
@@ -191,6 +191,19 @@ def worker_pids(parent: int) -> list[int]:
         if ppid == parent and b"spawn_main" in cmdline:
             pids.append(int(stat.parent.name))
     return sorted(pids)
+
+
+def fill(store: Any, n: int, *, start: int = 0, batch: int = 1000) -> None:
+    """Commit ``n`` new executions ``e0000000``... (from ``start``), each with the mark
+    ``ev{i}`` and the commit id ``c{i}``, ``batch`` at a time with ``commit_many``."""
+    from harel_store import Commit, Execution
+
+    for at in range(start, start + n, batch):
+        commits = [
+            Commit(Execution(id=f"e{i:07d}"), processed_event_id=f"ev{i}", commit_id=f"c{i}")
+            for i in range(at, min(at + batch, start + n))
+        ]
+        assert store.commit_many(commits) == [None] * len(commits)
 
 
 async def settled(value: Any) -> Any:

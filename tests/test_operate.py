@@ -15,21 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import settled
+from _helpers import fill, settled
 
-from harel_store import Commit, Execution, TimerOp
+from harel_store import Execution, TimerOp
 from harel_store.sqlite import AsyncSqliteStore, SqliteStore
 
 DATA = Path(__file__).parent / "data"
-
-
-def fill(store: Any, n: int, *, start: int = 0, marks: int = 1) -> None:
-    for at in range(start, start + n, 1000):
-        batch = [
-            Commit(Execution(id=f"e{i:07d}"), processed_event_id=f"ev{i}", commit_id=f"c{i}")
-            for i in range(at, min(at + 1000, start + n))
-        ]
-        assert store.commit_many(batch) == [None] * len(batch)
 
 
 def test_overview_figures(tmp_path: Path) -> None:

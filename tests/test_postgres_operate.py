@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from _helpers import settled
+from _helpers import fill, settled
 
-from harel_store import Commit, Execution, TimerOp
+from harel_store import Execution, TimerOp
 
 psycopg = pytest.importorskip("psycopg")
 postgres = pytest.importorskip("harel_store.postgres")
@@ -41,15 +41,6 @@ def opened(url: str, pg_schema: str) -> Iterator[Callable[..., Any]]:
     yield open_
     for store in made:
         store.close()
-
-
-def fill(store: Any, n: int, start: int = 0) -> None:
-    for at in range(start, start + n, 500):
-        batch = [
-            Commit(Execution(id=f"e{i:07d}"), processed_event_id=f"ev{i}", commit_id=f"c{i}")
-            for i in range(at, min(at + 500, start + n))
-        ]
-        assert store.commit_many(batch) == [None] * len(batch)
 
 
 def sql(url: str, query: str) -> list[Any]:

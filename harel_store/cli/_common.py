@@ -432,3 +432,31 @@ class StoreURL:
             raise Failed(f"cannot open {self.named}: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - a store's or a driver's, said in one line
             raise Failed(f"cannot open {self.named}: {exc}") from None
+
+
+@contextlib.contextmanager
+def existing_store(given: str, doing: str = "read") -> Iterator[tuple[StoreURL, Any]]:
+    """The URL argument ``given`` and the store there, opened for a command that reads or
+    tends it (``inspect``, ``show``, ``prune``), closed when the block ends. A SQLite file
+    that does not exist or holds nothing is a :class:`UsageError` (opening it would make a
+    database of it); an error of the store or its driver in the block is a
+    :class:`Failed`: ``cannot DOING URL: why``."""
+    from .._open import sqlite_file
+    from .copy import _unfit_source
+
+    url = StoreURL(given, "URL")
+    url.check()
+    path = sqlite_file(url.url)
+    if path is not None:
+        problem = _unfit_source(path)
+        if problem is not None:
+            raise UsageError(f"cannot open {url.shown}: {problem}")
+    store = url.open()
+    try:
+        yield url, store
+    except CommandError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a store's or a driver's, said in one line
+        raise Failed(f"cannot {doing} {url.named}: {exc}") from None
+    finally:
+        store.close()

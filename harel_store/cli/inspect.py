@@ -11,7 +11,7 @@ from typing import Any, cast
 
 from .._operate import OVERVIEW_KEYS
 from ._common import PROG as COMMAND_LINE
-from ._common import Command, Failed, StoreURL, UsageError, execute
+from ._common import Command, execute, existing_store
 from ._common import whole_number as _whole_number
 
 PROG = f"{COMMAND_LINE} inspect"
@@ -45,16 +45,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    url = StoreURL(args.url, "URL")
-    store = open_existing(url)
-    try:
+    with existing_store(args.url) as (url, store):
         if args.serve is not None:
             from ._serve import serve
 
             return serve(store, url, args.host, args.serve, quiet=args.quiet)
-        figures = read(store, url)
-    finally:
-        store.close()
+        figures = cast(dict[str, Any], store.overview())
     if args.json:
         print(json.dumps(figures))
     else:
@@ -70,25 +66,3 @@ def shown(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3f}"
     return str(value)
-
-
-def read(store: Any, url: StoreURL) -> dict[str, Any]:
-    try:
-        return cast(dict[str, Any], store.overview())
-    except Exception as exc:  # noqa: BLE001 - a store's or a driver's, said in one line
-        raise Failed(f"cannot read {url.named}: {exc}") from None
-
-
-def open_existing(url: StoreURL) -> Any:
-    """The store at ``url``, opened; a :class:`UsageError` for a SQLite file that does not
-    exist or holds nothing (opening it would make a database of it)."""
-    from .._open import sqlite_file
-    from .copy import _unfit_source
-
-    url.check()
-    path = sqlite_file(url.url)
-    if path is not None:
-        problem = _unfit_source(path)
-        if problem is not None:
-            raise UsageError(f"cannot open {url.shown}: {problem}")
-    return url.open()

@@ -6,12 +6,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import cast
 
 from .._operate import duration
 from ._common import PROG as COMMAND_LINE
-from ._common import Command, Failed, StoreURL, _typed, execute
-from .inspect import open_existing
+from ._common import Command, _typed, execute, existing_store
 
 PROG = f"{COMMAND_LINE} prune"
 SUMMARY = "delete dedupe marks and commit ids older than an age such as 7d (URL)"
@@ -51,15 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    url = StoreURL(args.url, "URL")
-    store: Any = open_existing(url)
-    try:
-        try:
-            deleted = store.prune(args.older_than)
-        except Exception as exc:  # noqa: BLE001 - a store's or a driver's, said in one line
-            raise Failed(f"cannot prune {url.named}: {exc}") from None
-    finally:
-        store.close()
+    with existing_store(args.url, "prune") as (url, store):
+        deleted = store.prune(args.older_than)
     print(
         f"pruned {url.shown}: {deleted['processed']:,} processed marks and "
         f"{deleted['commit_ids']:,} commit ids recorded more than {args.older_than:g} s ago"

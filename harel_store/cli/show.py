@@ -10,8 +10,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from ._common import PROG as COMMAND_LINE
-from ._common import Command, Failed, StoreURL, UsageError, execute
-from .inspect import open_existing
+from ._common import Command, UsageError, execute, existing_store
 
 PROG = f"{COMMAND_LINE} show"
 SUMMARY = "show one execution: version, fields, pending entries, timers, trace (URL ID)"
@@ -39,15 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    url = StoreURL(args.url, "URL")
-    store = open_existing(url)
-    try:
-        try:
-            found = describe(store, args.id)
-        except Exception as exc:  # noqa: BLE001 - a store's or a driver's, said in one line
-            raise Failed(f"cannot read {url.named}: {exc}") from None
-    finally:
-        store.close()
+    with existing_store(args.url) as (url, store):
+        found = describe(store, args.id)
     if found is None:
         raise UsageError(f"{url.shown} holds no execution {args.id!r}")
     if args.json:

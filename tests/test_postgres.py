@@ -951,6 +951,45 @@ def test_the_async_recorder_opens_the_store_when_it_is_the_first_call(
     asyncio.run(store.close())
 
 
+LEFT_OPEN = """
+import asyncio, sys
+from harel_store import Execution
+from harel_store.postgres import AsyncPostgresStore
+
+url, schema = sys.argv[1:3]
+store = AsyncPostgresStore(url, schema=schema, pool_size=4)
+
+async def main(k):
+    # Calls that wait for a connection grow the pool: the loop ends while
+    # psycopg-pool's workers may still be connecting.
+    await asyncio.gather(*(store.commit(Execution(id=f"e{k}-{i}"), []) for i in range(3)))
+    await asyncio.gather(*(store.load(f"e{k}-{i}") for i in range(6)))
+
+for k in range(8):
+    asyncio.run(main(k))
+    print(k, flush=True)
+"""
+
+
+def test_an_async_store_left_open_lets_its_event_loop_end(url: str, pg_schema: str) -> None:
+    """A store used under one ``asyncio.run`` after another, never closed, the loops
+    ending while its pool grows: each ``asyncio.run`` returns (psycopg-pool's worker
+    takes a cancellation that comes while it connects for a failed connection and waits
+    on, which held ``asyncio.run`` for ever until the store's pool got a keeper that
+    closes it as its loop ends)."""
+    paths = [ROOT, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", LEFT_OPEN, url, pg_schema],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0 and done.stdout.split() == [str(k) for k in range(8)], done.stderr
+
+
 def test_the_async_store_keeps_the_event_loop_free(url: str, pg_schema: str) -> None:
     """A commit that waits for another transaction's row lock waits on the server; the
     loop goes on ticking."""
@@ -993,7 +1032,7 @@ def test_async_calls_run_concurrently_on_the_pool(url: str, pg_schema: str) -> N
             assert all(exe.version == 1 for exe in exes)
             assert await asyncio.wait_for(waiting, 5) is True
             assert len(await store.pending_outbox()) == 12
-            assert store._pool._open <= 3
+            assert store.pool_stats()["pool_size"] <= 3
 
     asyncio.run(main())
 
@@ -1021,7 +1060,7 @@ def test_concurrent_first_calls_of_an_async_store_share_one_opening(
             exes = [Execution(id=f"e{i}") for i in range(25)]
             await asyncio.gather(*(store.commit(exe, [("t", exe.id)]) for exe in exes))
             assert await asyncio.gather(*(store.load(f"e{i}") for i in range(25)))
-            assert store._pool._open <= 2
+            assert store.pool_stats()["pool_size"] <= 2
             assert backends(url, app) <= 2
         finally:
             await store.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import weakref
 from collections.abc import Iterable, Mapping
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 from .._group import Group
 from . import _batch, _operate
 from ._connections import (
+    _aconnect_retrying,
     _adapt,
     _arun_on,
     _AsyncPool,
@@ -34,10 +36,13 @@ from ._connections import (
     _read_only,
     _retrieved,
     _run_on,
+    _seconds,
     _why,
 )
 from ._core import _NO_RETRY, _RECONNECT_FIRST, _RECONNECT_MAX, _closed, _Core, _import_psycopg
 from ._schema import DEFAULT_POOL_SIZE, DEFAULT_SCHEMA
+
+_log = logging.getLogger("harel_store.postgres")
 
 
 class _Item(NamedTuple):
@@ -61,9 +66,12 @@ class AsyncPostgresStore(_transfer.Uncopyable):
 
     The constructor does no I/O: the store opens (connects, checks or creates the
     schema, reads the seq marks) at its first call, or at ``async with``; a server that
-    cannot be reached or a refused schema raises its ``StoreError`` from there, and
-    ``wait_for_work`` counts work from then. Its connections (:class:`_AsyncPool`) serve
-    any event loop, one at a time: a store may outlive an ``asyncio.run``.
+    cannot be reached (tried again for ``connect_timeout``) or a refused schema raises
+    its ``StoreError`` from there, and ``wait_for_work`` counts work from then. Its
+    connections come from a psycopg-pool ``AsyncConnectionPool`` opened on the event
+    loop the store runs on; under a later event loop (one ``asyncio.run`` after
+    another) it opens another there: a store may outlive an ``asyncio.run``, serving
+    one loop at a time. :meth:`pool_stats` returns the statistics of the pool in use.
 
     ``_record_trace``, the plain-``def`` recorder of every store, blocks on a sync
     connection of its own: call it off the event loop.
@@ -83,12 +91,17 @@ class AsyncPostgresStore(_transfer.Uncopyable):
         pool_size: int = DEFAULT_POOL_SIZE,
         prepare: bool = True,
         timeout: float = 30.0,
+        max_lifetime: float = 3600.0,
+        connect_timeout: float = 3.0,
     ) -> None:
         self._closed = True
+        lifetime = _seconds(max_lifetime, "max_lifetime")
+        connecting = _seconds(connect_timeout, "connect_timeout")
         _import_psycopg()
         self._core = _Core(conninfo, trace_max, codec, schema, pool_size, prepare, timeout)
-        self._pool = _AsyncPool(self._core)
+        self._pool = _AsyncPool(self._core, lifetime, connecting)
         self._opened = False
+        self._polls = False  # wait_for_work said it polls
         self._opening: asyncio.Task[None] | None = None
         self._looks: set[asyncio.Future[None]] = set()  # wait_for_work's, running
         self._owed = False  # a wake-up taken and not yet returned
@@ -252,6 +265,8 @@ class AsyncPostgresStore(_transfer.Uncopyable):
         if not self._opened:
             await self._ready()
         deadline = time.monotonic() + timeout
+        if not self._core.prepare:
+            return await self._poll(deadline)
         pause = _RECONNECT_FIRST
         while True:
             if self._owed:
@@ -297,6 +312,41 @@ class AsyncPostgresStore(_transfer.Uncopyable):
             await asyncio.sleep(min(pause, left))
             pause = min(pause * 2.0, _RECONNECT_MAX)
 
+    async def _poll(self, deadline: float) -> bool:
+        """``wait_for_work`` with ``prepare=False``, which says a transaction pooler
+        (PgBouncer) is in between, where a LISTEN would stay on whichever server
+        connection ran it: whether any seq moved since the marks, read on a pooled
+        connection with growing pauses until ``deadline``."""
+        core = self._core
+        if not self._polls:  # said once per store
+            self._polls = True
+            _log.warning(
+                "wait_for_work polls %s (prepare=False: LISTEN does not cross a transaction "
+                "pooler such as PgBouncer)",
+                core.describe(),
+            )
+        import psycopg
+
+        pause = 0.0
+        while True:
+            if self._closed:
+                raise _closed()
+            conn = await self._pool.get()
+            try:
+                cur = await conn.execute(core.sql.marks, prepare=False)
+                if core.marks_moved(await cur.fetchone()):
+                    return True
+            except psycopg.Error as exc:
+                if deadline - time.monotonic() <= 0.0 or not _why(exc)[0]:
+                    raise _failed(core, "wait_for_work", exc) from _cause(core, exc)
+            finally:
+                await self._pool.put(conn)
+            left = deadline - time.monotonic()
+            if left <= 0.0:
+                return False
+            pause = min(max(pause * 2.0, _RECONNECT_FIRST), _RECONNECT_MAX, left)
+            await asyncio.sleep(pause)
+
     async def _look(self, deadline: float) -> None:
         """One look for work, until ``deadline``: a wake-up found is put in ``_owed``
         before anything else is awaited."""
@@ -317,6 +367,15 @@ class AsyncPostgresStore(_transfer.Uncopyable):
         # Later notifications of work committed by now are this wake-up's.
         async for _ in pool.listener.notifies(timeout=0.0):
             pass
+
+    def pool_stats(self) -> dict[str, int]:
+        """The statistics of the connection pool in use (psycopg-pool's
+        ``get_stats()``: ``pool_size``, ``pool_available``, ``requests_waiting``,
+        ``connections_num`` and the others), counted since it was opened on the event
+        loop the store last ran on; empty before the first call opens one."""
+        if self._closed:
+            raise _closed()
+        return self._pool.stats()
 
     async def close(self) -> None:
         """Close the connections; a second close does nothing. Every other method of a
@@ -424,6 +483,12 @@ class AsyncPostgresStore(_transfer.Uncopyable):
                 if attempt or not (retry and _may_retry(exc, "ack")):
                     name = items[0].name if len(items) == 1 else "commit (a group write)"
                     raise _failed(self._core, name, exc, not retry) from exc
+                _log.info(
+                    "%s: retrying %s after %s",
+                    self._core.describe(),
+                    items[0].name,
+                    type(exc).__name__,
+                )
             finally:
                 await self._pool.put(conn)
         raise AssertionError("unreachable")
@@ -456,6 +521,9 @@ class AsyncPostgresStore(_transfer.Uncopyable):
                 if attempt or not _may_retry(exc, name):
                     shown = _public(name, args)
                     raise _failed(self._core, shown, exc, name in _NO_RETRY) from exc
+                _log.info(
+                    "%s: retrying %s after %s", self._core.describe(), name, type(exc).__name__
+                )
             finally:
                 await self._pool.put(conn)
         raise AssertionError("unreachable")
@@ -478,17 +546,17 @@ class AsyncPostgresStore(_transfer.Uncopyable):
                 self._opening = None  # opened, or failed: the next call tries again
 
     async def _open(self) -> None:
-        """Connect, check or create the schema, read the seq marks; the connection then
-        serves the calls."""
+        """Connect (trying again for ``connect_timeout`` while the server cannot be
+        reached), check or create the schema, read the seq marks; then open the pool of
+        this loop (its own connections: the errors of this one are the clear ones)."""
         import psycopg
 
         core = self._core
         try:
-            conn = await psycopg.AsyncConnection.connect(core.conninfo, **_connect_kwargs(core))
+            conn = await _aconnect_retrying(core, self._pool._connecting)
         except psycopg.Error as exc:
             raise _cannot_open(core, exc) from _cause(core, exc)
         try:
-            _adapt(conn)
             op = core.open()
             await _arun_on(conn, op, next(op))
         except BaseException as exc:
@@ -496,10 +564,9 @@ class AsyncPostgresStore(_transfer.Uncopyable):
             if isinstance(exc, psycopg.Error):
                 raise _cannot_open(core, exc) from exc
             raise
+        await conn.close()
         if self._closed:
-            await conn.close()
             raise _closed()
-        self._pool.adopt(conn)
         self._opened = True
 
     async def _listen(self, deadline: float) -> bool:

@@ -4,7 +4,6 @@ adapters, one statement's run, and the sync and async pools of a store."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import math
@@ -179,6 +178,32 @@ def _has_rows(cur: Any) -> bool:
     return res is not None and bool(res.nfields or res.status == _TUPLES_OK)
 
 
+def _execute(conn: Any, query: _Query) -> Any:
+    """Run ``query``, with the ``BEGIN`` and ``COMMIT`` it asks for in its round trip."""
+    if not (query.begin or query.commit):
+        return conn.execute(query.sql, query.params, prepare=query.prepare, binary=True)
+    with conn.pipeline():
+        if query.begin:
+            conn.execute("BEGIN", prepare=False)
+        cur = conn.execute(query.sql, query.params, prepare=query.prepare, binary=True)
+        if query.commit:
+            conn.execute("COMMIT", prepare=False)
+    return cur
+
+
+async def _aexecute(conn: Any, query: _Query) -> Any:
+    """:func:`_execute` on an async connection."""
+    if not (query.begin or query.commit):
+        return await conn.execute(query.sql, query.params, prepare=query.prepare, binary=True)
+    async with conn.pipeline():
+        if query.begin:
+            await conn.execute("BEGIN", prepare=False)
+        cur = await conn.execute(query.sql, query.params, prepare=query.prepare, binary=True)
+        if query.commit:
+            await conn.execute("COMMIT", prepare=False)
+    return cur
+
+
 def _run_on(conn: Any, op: _Op, query: _Query) -> Any:
     """Run ``op`` to its end on ``conn``, starting with ``query``. A connection that saw
     the server turn read-only or go away is closed (:func:`_condemned`): the pool never
@@ -188,7 +213,7 @@ def _run_on(conn: Any, op: _Op, query: _Query) -> Any:
     try:
         while True:
             try:
-                cur = conn.execute(query.sql, query.params, prepare=query.prepare, binary=True)
+                cur = _execute(conn, query)
             except psycopg.errors.UniqueViolation as exc:
                 if not (query.unique and exc.diag.table_name == _RACED):
                     raise
@@ -223,9 +248,7 @@ async def _arun_on(conn: Any, op: _Op, query: _Query) -> Any:
     try:
         while True:
             try:
-                cur = await conn.execute(
-                    query.sql, query.params, prepare=query.prepare, binary=True
-                )
+                cur = await _aexecute(conn, query)
             except psycopg.errors.UniqueViolation as exc:
                 if not (query.unique and exc.diag.table_name == _RACED):
                     raise
@@ -505,6 +528,24 @@ def _said(core: _Core, exc: BaseException, connecting: bool = False) -> str:
     return f"{said}{' ' if said[-1] in '.?!' else '. '}{advice}"
 
 
+def _seconds(value: Any, name: str) -> float:
+    """A constructor's number of seconds (``max_lifetime``, ``connect_timeout``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{name} must be positive and finite, got {value!r}")
+    return float(value)
+
+
+def _say_unreachable(core: _Core, within: float, exc: BaseException) -> None:
+    _log.warning(
+        "%s cannot be reached, trying again for %g s: %s",
+        core.describe(),
+        within,
+        " ".join(redact(str(exc), core.conninfo).split()),
+    )
+
+
 def _connect_retrying(core: _Core, within: float) -> Any:
     """A new connection, tried again with back-off for ``within`` seconds while the
     server cannot be reached (refused at once for a reason of the setup)."""
@@ -521,12 +562,7 @@ def _connect_retrying(core: _Core, within: float) -> Any:
                 raise
             if not said:  # once per wait, not per try
                 said = True
-                _log.warning(
-                    "%s cannot be reached, trying again for %g s: %s",
-                    core.describe(),
-                    within,
-                    " ".join(redact(str(exc), core.conninfo).split()),
-                )
+                _say_unreachable(core, within, exc)
             time.sleep(pause)
             pause = min(pause * 2.0, _RECONNECT_MAX)
         else:
@@ -534,55 +570,68 @@ def _connect_retrying(core: _Core, within: float) -> Any:
             return conn
 
 
-class _Pool:
-    """The sync store's connections, on psycopg-pool's ``ConnectionPool``: at most
-    ``pool_size``, one kept open, each replaced after ``max_lifetime`` seconds.
+async def _aconnect_retrying(core: _Core, within: float) -> Any:
+    """:func:`_connect_retrying` on the event loop."""
+    import psycopg
+
+    deadline = time.monotonic() + within
+    pause = _RECONNECT_FIRST
+    said = False
+    while True:
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                core.conninfo, **_connect_kwargs(core, deadline)
+            )
+        except psycopg.Error as exc:
+            if deadline - time.monotonic() <= pause or not _why(exc, True)[0]:
+                raise
+            if not said:
+                said = True
+                _say_unreachable(core, within, exc)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2.0, _RECONNECT_MAX)
+        else:
+            _adapt(conn)
+            return conn
+
+
+class _Pooled:
+    """What the sync and the async pool share: psycopg-pool's options, the log line of a
+    failover, the check of a connection as it is taken, and the account of the
+    connections lent to calls and of those made outside the pool.
 
     The store checks a connection itself as it takes it (:func:`_idle_sound`, no round
-    trip) rather than through the pool's ``check`` callback: psycopg-pool sleeps with
+    trip) rather than through psycopg-pool's ``check`` callback: the pool sleeps with
     back-off (a second, then two...) after each connection that fails its check, so
-    after a restart, with every idle connection dead, a call would wait seconds per
-    dead connection. A dead one is closed and handed back, and the next is taken at
-    once. When no connection comes in time because none can be made, one attempt in
-    the calling thread says why (the pool's workers only log it)."""
+    after a restart, with every idle connection dead, a call would wait seconds per dead
+    connection. A dead one is closed and handed back, and the next is taken at once.
+    When no connection comes in time because none can be made, one attempt in the
+    calling thread or task says why (the pool's workers only log it)."""
 
-    __slots__ = ("_connecting", "_core", "_pool", "_server", "_spare", "closed", "listener")
+    __slots__ = ("_connecting", "_core", "_lent", "_lifetime", "_pool", "_server", "_spare")
 
     def __init__(self, core: _Core, max_lifetime: float, connect_timeout: float) -> None:
-        from psycopg_pool import ConnectionPool
-
         self._core = core
+        self._lifetime = max_lifetime
         self._connecting = connect_timeout
+        self._pool: Any = None
+        self._lent: set[int] = set()  # the pool's connections in calls' hands
         self._spare: set[int] = set()  # connections made outside the pool, closed on put
-        self.closed = False
-        self.listener: Any = None  # wait_for_work's connection, outside the count
         self._server: str | None = None  # where the last new connection went
-        self._pool: Any = ConnectionPool(
-            core.conninfo,
-            kwargs=_connect_kwargs(core, time.monotonic() + connect_timeout),
-            min_size=1,
-            max_size=core.pool_size,
-            configure=self._configure,
-            timeout=core.timeout,
-            max_lifetime=max_lifetime,
-            name=f"harel_store {core.describe()}",
-            open=True,
-        )
-        from psycopg_pool import PoolTimeout
 
-        try:  # the first call finds its connection made, not a second one on the way
-            self._pool.wait(core.timeout)
-        except PoolTimeout:
-            got = self._no_connection()
-            if isinstance(got, StoreError):
-                self.close()
-                raise got from None
-            got.close()  # the server answers again; the pool's first connection comes
-        except BaseException:
-            self.close()
-            raise
+    def _options(self) -> dict[str, Any]:
+        """psycopg-pool's keywords: at most ``pool_size``, one kept open."""
+        core = self._core
+        return {
+            "kwargs": _connect_kwargs(core, time.monotonic() + self._connecting),
+            "min_size": 1,
+            "max_size": core.pool_size,
+            "timeout": core.timeout,
+            "max_lifetime": self._lifetime,
+            "name": f"harel_store {core.describe()}",
+        }
 
-    def _configure(self, conn: Any) -> None:
+    def _configured(self, conn: Any) -> None:
         """Each new connection of the pool: the adapters, and a log line when it went to
         another server than the one before (a failover, with a multi-host URL)."""
         _adapt(conn)
@@ -596,13 +645,80 @@ class _Pool:
                 before,
             )
 
+    def _taken(self, conn: Any) -> bool:
+        """Whether ``conn``, just taken from the pool, is sound (then it is lent)."""
+        if _idle_sound(conn):
+            self._lent.add(id(conn))
+            return True
+        _log.info("discarded a dead connection to %s", self._core.describe())
+        return False
+
+    def _all_lent(self, final: bool) -> StoreError | None:
+        """The error of a call that got no connection because all are in use (``None``
+        when it may wait on, not ``final``)."""
+        core = self._core
+        if not final:
+            return None
+        return StoreError(
+            f"no connection to PostgreSQL ({core.describe()}) within {core.timeout:g} s: "
+            f"all {core.pool_size} of pool_size are in use"
+        )
+
+    def _unreached(self, exc: BaseException) -> StoreError:
+        error = _unreachable(self._core, exc)
+        error.__cause__ = _cause(self._core, exc)
+        return error
+
+    def _said_read_only(self) -> None:
+        _log.warning(
+            "%s turned read-only: every pooled connection is replaced", self._core.describe()
+        )
+
+    def stats(self) -> dict[str, int]:
+        """psycopg-pool's ``get_stats()`` (empty before a pool is opened)."""
+        return {} if self._pool is None else dict(self._pool.get_stats())
+
+
+class _Pool(_Pooled):
+    """The sync store's connections, on psycopg-pool's ``ConnectionPool``: at most
+    ``pool_size``, one kept open, each replaced after ``max_lifetime`` seconds (see
+    :class:`_Pooled` for how a connection is taken)."""
+
+    __slots__ = ("closed", "listener")
+
+    def __init__(self, core: _Core, max_lifetime: float, connect_timeout: float) -> None:
+        from psycopg_pool import PoolTimeout
+
+        super().__init__(core, max_lifetime, connect_timeout)
+        self.closed = False
+        self.listener: Any = None  # wait_for_work's connection, outside the count
+        self._pool = self._opened()
+        try:  # the first call finds its connection made, not a second one on the way
+            self._pool.wait(core.timeout)
+        except PoolTimeout:  # which closed that pool
+            got = self._no_connection()
+            if isinstance(got, StoreError):
+                self.close()
+                raise got from None
+            self.put(got)
+            self._pool = self._opened()  # the server answers again
+        except BaseException:
+            self.close()
+            raise
+
+    def _opened(self) -> Any:
+        from psycopg_pool import ConnectionPool
+
+        return ConnectionPool(
+            self._core.conninfo, configure=self._configured, open=True, **self._options()
+        )
+
     def get(self) -> Any:
         """A sound connection; raises ``StoreError`` when none comes within the store's
         ``timeout``."""
         from psycopg_pool import PoolClosed, PoolTimeout
 
-        core = self._core
-        deadline = time.monotonic() + core.timeout
+        deadline = time.monotonic() + self._core.timeout
         while True:
             if self.closed:
                 raise _closed()
@@ -618,11 +734,10 @@ class _Pool:
                 if got is None:
                     continue
                 return got
-            if _idle_sound(conn):
+            if self._taken(conn):
                 return conn
             with contextlib.suppress(Exception):
                 conn.close()
-            _log.info("discarded a dead connection to %s", core.describe())
             self._pool.putconn(conn)
 
     def _no_connection(self, final: bool = True) -> Any:
@@ -630,20 +745,12 @@ class _Pool:
         or none could be made: then one attempt here, which tells the driver's reason
         (an error: the server is down), or is the connection the call gets (the server
         is back while psycopg-pool's workers still back off, for seconds)."""
-        core = self._core
-        if self._pool.get_stats().get("pool_size", 0) >= core.pool_size:
-            if not final:
-                return None
-            return StoreError(
-                f"no connection to PostgreSQL ({core.describe()}) within {core.timeout:g} s: "
-                f"all {core.pool_size} of pool_size are in use"
-            )
+        if len(self._lent) >= self._core.pool_size:
+            return self._all_lent(final)
         try:
-            conn = _connect_retrying(core, 0.0)
+            conn = _connect_retrying(self._core, 0.0)
         except Exception as exc:  # noqa: BLE001 - a psycopg error, given as the reason
-            error = _unreachable(core, exc)
-            error.__cause__ = _cause(core, exc)
-            return error
+            return self._unreached(exc)
         self._spare.add(id(conn))
         return conn
 
@@ -655,6 +762,7 @@ class _Pool:
             with contextlib.suppress(Exception):
                 conn.close()
             return
+        self._lent.discard(id(conn))
         if self.closed:
             with contextlib.suppress(Exception):
                 conn.close()
@@ -665,13 +773,7 @@ class _Pool:
         """Retire every connection (their server turned read-only: new ones may reach
         the primary): the idle ones now, those in use when they come back."""
         self._pool.drain()
-        _log.warning(
-            "%s turned read-only: every pooled connection is replaced", self._core.describe()
-        )
-
-    def stats(self) -> dict[str, int]:
-        """psycopg-pool's ``get_stats()``."""
-        return dict(self._pool.get_stats())
+        self._said_read_only()
 
     def close(self) -> None:
         """Close every connection (one in use, when it comes back); idempotent."""
@@ -686,111 +788,177 @@ class _Pool:
                 conn.close()
 
 
-class _AsyncPool:
-    """:class:`_Pool` for the async store, on psycopg's async connections. It runs no
-    task of its own, so it serves whichever event loop is running (psycopg-pool's
-    ``AsyncConnectionPool`` keeps worker tasks on the loop that opened it: they end with
-    that loop, leaving a store used under a later ``asyncio.run`` without them, and they
-    hold up the loop's shutdown while they connect)."""
+class _AsyncPool(_Pooled):
+    """The async store's connections, on psycopg-pool's ``AsyncConnectionPool`` (see
+    :class:`_Pooled`): one pool for the event loop the store runs on.
 
-    __slots__ = ("_core", "_idle", "_open", "_waiters", "closed", "listener", "recorder")
+    psycopg-pool runs a pool's workers as tasks of the loop that opened it, so a store
+    used under one ``asyncio.run`` after another opens a pool on each loop it meets, and
+    lets go of the pool of the loop before without awaiting anything on it. Each pool
+    has a keeper, a task of its loop that closes it when cancelled: by :meth:`close`, or
+    by ``asyncio.run`` as the loop ends. Without it a loop that ends with the pool open
+    can wait for ever: a worker of psycopg-pool that is cancelled while it connects
+    takes the cancellation for a failed connection and waits for its next task
+    (``tests/test_postgres.py``,
+    ``test_an_async_store_left_open_lets_its_event_loop_end``)."""
 
-    def __init__(self, core: _Core) -> None:
-        self._core = core
-        self._idle: list[Any] = []
-        self._open = 0  # connections made and not closed: idle or in use
-        self._waiters: collections.deque[asyncio.Future[Any]] = collections.deque()
+    __slots__ = ("_keeper", "_loop", "_opening", "closed", "listener", "recorder")
+
+    def __init__(self, core: _Core, max_lifetime: float, connect_timeout: float) -> None:
+        super().__init__(core, max_lifetime, connect_timeout)
         self.closed = False
         self.listener: Any = None  # wait_for_work's connection, outside the count
         self.recorder: Any = None  # _record_trace's sync connection
-
-    def adopt(self, conn: Any) -> None:
-        """Keep ``conn`` (opened by the store) as an idle connection."""
-        self._open += 1
-        self._idle.append(conn)
+        self._loop: asyncio.AbstractEventLoop | None = None  # the pool's
+        self._keeper: asyncio.Task[None] | None = None
+        self._opening: asyncio.Task[None] | None = None
 
     async def get(self) -> Any:
-        """An idle connection, or a new one; raises ``StoreError`` when none comes
-        within the store's ``timeout``. Calls that wait are served in turn: a connection
-        put back goes to the one that has waited longest."""
-        core = self._core
-        deadline = time.monotonic() + core.timeout
+        """A sound connection; raises ``StoreError`` when none comes within the store's
+        ``timeout``."""
+        from psycopg_pool import PoolClosed, PoolTimeout
+
+        pool = self._pool
+        if pool is None or self._loop is not asyncio.get_running_loop():
+            pool = await self._current()
+        deadline = time.monotonic() + self._core.timeout
         while True:
             if self.closed:
                 raise _closed()
-            while self._idle:
-                conn = self._idle.pop()
-                if _idle_sound(conn):
-                    return conn
-                await self._close(conn)
-            if self._open < core.pool_size:
-                self._open += 1
-                try:
-                    return await self._connect(deadline)
-                except BaseException:
-                    self._open -= 1
-                    self._wake()
-                    raise
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
+            left = deadline - time.monotonic()
             try:
-                # asyncio.wait, not wait_for: Python 3.11's wait_for can return the
-                # connection and swallow a cancellation that comes with it.
-                await asyncio.wait((waiter,), timeout=max(deadline - time.monotonic(), 0.0))
-            except BaseException:
-                self._forsake(waiter)
-                raise
-            if not waiter.done():
-                self._forsake(waiter)
-                raise StoreError(
-                    f"no connection to PostgreSQL ({core.describe()}) within {core.timeout:g} s: "
-                    f"all {core.pool_size} of pool_size are in use"
-                )
-            given = waiter.result()
-            if given is not None:  # else: room for a new connection, or the pool closed
-                if _idle_sound(given):
-                    return given
-                await self._close(given)
+                conn = await pool.getconn(max(min(left, self._connecting), 0.0))
+            except PoolClosed:
+                raise _closed() from None
+            except PoolTimeout:
+                got = await self._no_connection(final=time.monotonic() >= deadline)
+                if isinstance(got, StoreError):
+                    raise got from None
+                if got is None:
+                    continue
+                return got
+            if self._taken(conn):
+                return conn
+            with contextlib.suppress(Exception):
+                await conn.close()
+            await pool.putconn(conn)
+
+    async def _no_connection(self, final: bool = True) -> Any:
+        """:meth:`_Pool._no_connection`."""
+        if len(self._lent) >= self._core.pool_size:
+            return self._all_lent(final)
+        try:
+            conn = await _aconnect_retrying(self._core, 0.0)
+        except Exception as exc:  # noqa: BLE001 - a psycopg error, given as the reason
+            return self._unreached(exc)
+        self._spare.add(id(conn))
+        return conn
 
     async def put(self, conn: Any) -> None:
-        """Take back a connection from :meth:`get`: handed to the call that has waited
-        longest, else kept idle, when it is idle and sound."""
-        broken = conn.closed or conn.pgconn.status != _CONN_OK
-        if self.closed or broken or _in_transaction(conn):  # (cancelled mid-statement)
-            await self._close(conn)
-            self._wake()
-        else:
-            self._give(conn)
+        """:meth:`_Pool.put`."""
+        if id(conn) in self._spare:
+            self._spare.discard(id(conn))
+            with contextlib.suppress(Exception):
+                await conn.close()
+            return
+        self._lent.discard(id(conn))
+        if self.closed:
+            with contextlib.suppress(Exception):
+                await conn.close()
+        with contextlib.suppress(Exception):
+            await self._pool.putconn(conn)
+
+    async def _current(self) -> Any:
+        """The pool of the running loop, opened by the first call on that loop (the
+        calls that come meanwhile wait for it)."""
+        if self.closed:
+            raise _closed()
+        loop = asyncio.get_running_loop()
+        opening = self._opening
+        if opening is None or opening.get_loop() is not loop or opening.done():
+            if self._loop is not None and self._loop is not loop:
+                self._leave()
+            opening = self._opening = loop.create_task(self._open())
+            opening.add_done_callback(_retrieved)
+        await asyncio.shield(opening)
+        return self._pool
+
+    async def _open(self) -> None:
+        """Open a pool on the running loop, with its keeper, and wait for its first
+        connection (so the first call does not make a second one)."""
+        from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+        loop = asyncio.get_running_loop()
+        pool: Any = AsyncConnectionPool(
+            self._core.conninfo, configure=self._aconfigured, open=False, **self._options()
+        )
+        await pool.open()
+        keeper = loop.create_task(_keep(pool), name=f"{pool.name} keeper")
+        try:
+            await pool.wait(self._connecting)
+        except PoolTimeout:  # which closed that pool
+            keeper.cancel()
+            got = await self._no_connection()
+            if isinstance(got, StoreError):
+                raise got from None
+            await self.put(got)
+            pool = AsyncConnectionPool(  # the server answers again
+                self._core.conninfo, configure=self._aconfigured, open=False, **self._options()
+            )
+            await pool.open()
+            keeper = loop.create_task(_keep(pool), name=f"{pool.name} keeper")
+        except BaseException:
+            keeper.cancel()
+            raise
+        if self.closed:
+            keeper.cancel()
+            raise _closed()
+        self._pool, self._loop, self._keeper = pool, loop, keeper
+
+    async def _aconfigured(self, conn: Any) -> None:
+        self._configured(conn)
+
+    def _leave(self) -> None:
+        """Let go of the pool of another loop: closed by its keeper as that loop ended,
+        or, when that loop is left open, when it runs again."""
+        keeper, self._keeper = self._keeper, None
+        self._pool = self._loop = None
+        self._lent.clear()
+        if keeper is not None and not keeper.done():
+            with contextlib.suppress(RuntimeError):  # that loop is closed
+                keeper.get_loop().call_soon_threadsafe(keeper.cancel)
 
     async def drop_idle(self) -> None:
         """:meth:`_Pool.drop_idle`."""
-        idle, self._idle = self._idle, []
-        for conn in idle:
-            await self._close(conn)
-            self._wake()
+        if self._pool is not None and self._loop is asyncio.get_running_loop():
+            await self._pool.drain()
+            self._said_read_only()
 
     async def close(self) -> None:
         """Close every connection (one in use, when it comes back); idempotent."""
         self.closed = True
-        idle, self._idle = self._idle, []
-        for conn in idle:
-            await self._close(conn)
+        pool, keeper = self._pool, self._keeper
+        if pool is not None and keeper is not None and self._loop is asyncio.get_running_loop():
+            with contextlib.suppress(Exception):
+                await pool.close(timeout=1.0)
+            keeper.cancel()
+        else:
+            self._leave()
         await self.drop_listener()
         self._close_recorder()
-        self._wake(every=True)
 
     def close_now(self) -> None:
-        """:meth:`close` without an event loop, for a store collected unclosed: closing
-        an idle psycopg async connection awaits nothing, so its coroutine is run here."""
+        """:meth:`close` without an event loop, for a store collected unclosed: the pool
+        is left to its keeper, and the listening connection closed here (closing an idle
+        psycopg async connection awaits nothing, so its coroutine is run here)."""
         self.closed = True
-        idle, self._idle = self._idle, []
+        self._leave()
         listener, self.listener = self.listener, None
-        for conn in [*idle, listener]:
-            if conn is not None:
-                closing = conn.close()
-                with contextlib.suppress(BaseException):
-                    closing.send(None)
-                closing.close()
+        if listener is not None:
+            closing = listener.close()
+            with contextlib.suppress(BaseException):
+                closing.send(None)
+            closing.close()
         self._close_recorder()
 
     async def drop_listener(self) -> None:
@@ -805,61 +973,17 @@ class _AsyncPool:
             with contextlib.suppress(Exception):
                 conn.close()
 
-    async def _connect(self, deadline: float) -> Any:
-        """A new connection, trying again until ``deadline`` while the server cannot be
-        reached."""
-        import psycopg
 
-        core = self._core
-        pause = _RECONNECT_FIRST
-        while True:
-            try:
-                conn = await psycopg.AsyncConnection.connect(
-                    core.conninfo, **_connect_kwargs(core, deadline)
-                )
-            except psycopg.Error as exc:
-                if deadline - time.monotonic() <= pause or not _why(exc, True)[0]:
-                    raise _unreachable(core, exc) from _cause(core, exc)
-                await asyncio.sleep(pause)
-                pause = min(pause * 2.0, _RECONNECT_MAX)
-            else:
-                _adapt(conn)
-                return conn
-
-    async def _close(self, conn: Any) -> None:
-        self._open -= 1
-        with contextlib.suppress(Exception):
-            await conn.close()
-
-    def _forsake(self, waiter: asyncio.Future[Any]) -> None:
-        """A wait given up (timed out or cancelled): what was handed to it meanwhile,
-        a connection or a look again, goes to the next."""
-        with contextlib.suppress(ValueError):
-            self._waiters.remove(waiter)
-        if not waiter.done():
-            waiter.cancel()
-        elif waiter.result() is not None:
-            self._give(waiter.result())
-        else:
-            self._wake()
-
-    def _give(self, conn: Any) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done() and not waiter.get_loop().is_closed():
-                waiter.set_result(conn)
-                return
-        self._idle.append(conn)
-
-    def _wake(self, every: bool = False) -> None:
-        """Wake the longest waiting call (``every``: all) to look again: a connection
-        closed leaves room for a new one, or the pool closed."""
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done() and not waiter.get_loop().is_closed():
-                waiter.set_result(None)
-                if not every:
-                    return
+async def _keep(pool: Any) -> None:
+    """Wait until cancelled, then close ``pool`` (see :class:`_AsyncPool`). As its loop
+    ends, the pool's scheduler task is cancelled too, and psycopg-pool's ``close``
+    raises that after it has stopped the workers: nothing more is owed then (the idle
+    connections it took out are closed as they are dropped)."""
+    try:
+        await asyncio.get_running_loop().create_future()
+    finally:
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await pool.close(timeout=1.0)
 
 
 def _retrieved(task: asyncio.Future[None]) -> None:

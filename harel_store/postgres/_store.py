@@ -31,6 +31,7 @@ from ._connections import (
     _public,
     _read_only,
     _run_on,
+    _seconds,
     _why,
 )
 from ._core import (
@@ -46,14 +47,6 @@ from ._schema import _BATCH, _COPIED, DEFAULT_POOL_SIZE, DEFAULT_SCHEMA
 from ._statements import _pack, _unpack
 
 _log = logging.getLogger("harel_store.postgres")
-
-
-def _seconds(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
-    if not 0 < value < float("inf"):
-        raise ValueError(f"{name} must be positive and finite, got {value!r}")
-    return float(value)
 
 
 class PostgresStore(_transfer.Uncopyable):

@@ -112,36 +112,42 @@ def commit_many(core: _Core, commits: Any) -> _Op:
     batch = prepare(core, commits)
     if not batch:
         return []
-    yield _Query("BEGIN", prepare=False)
-    outcomes, versions, _ = yield from _apply(core, batch, True)
-    yield from _commit(versions)
+    outcomes, versions, write, _ = yield from _apply(core, batch, True, True)
+    yield from _commit(core, versions, [write] if write else [])
     return outcomes
 
 
+_Applied = tuple[list[StoreError | None], list[tuple[_Prepared, int]], _Query | None, bool]
+
+
 def _apply(
-    core: _Core, batch: list[_Prepared], wake: bool
-) -> Generator[Any, Any, tuple[list[StoreError | None], list[tuple[_Prepared, int]], bool]]:
-    """The statements of ``batch`` inside a transaction: each commit's outcome, the
-    version each execution is to have once it commits, and whether it notified.
-    ``wake``: whether it may notify (a transaction sends one notification at most)."""
+    core: _Core, batch: list[_Prepared], wake: bool, begin: bool
+) -> Generator[Any, Any, _Applied]:
+    """The reads of ``batch`` inside a transaction (``begin``: its first one opens it):
+    each commit's outcome, the version each execution is to have once it commits, the
+    statement writing the applied commits (``None`` when none is), and whether that
+    statement notifies. ``wake``: whether it may (a transaction notifies once at most)."""
 
     sql = _sql(core)
     ids = sorted(p.eid for p in batch)
-    found = {eid: (v, e) for eid, v, e in (yield _Query(sql.lock, (_Texts(ids),), True))}
+    locked = yield _Query(sql.lock, (_Texts(ids),), True, begin=begin)
+    found = {eid: (v, e) for eid, v, e in locked}
     new = sorted((p for p in batch if p.eid not in found), key=lambda p: p.eid)
     keyed = [p for p in batch if p.commit_id is not None and p.eid in found]
-    rows = yield _Query(
-        sql.create,
-        {
-            "nid": _Texts(p.eid for p in new),
-            "nver": _Ints(p.version + 1 for p in new),
-            "nepoch": _Ints(_NO_EPOCH if p.epoch is None else p.epoch for p in new),
-            "nbody": _Blobs(p.body for p in new),
-            "kid": _Texts(p.eid for p in keyed),
-            "kcid": _Texts(p.commit_id for p in keyed),
-        },
-        True,
-    )
+    rows: Any = []
+    if new or keyed:  # else nothing to create and no commit id to look up
+        rows = yield _Query(
+            sql.create,
+            {
+                "nid": _Texts(p.eid for p in new),
+                "nver": _Ints(p.version + 1 for p in new),
+                "nepoch": _Ints(_NO_EPOCH if p.epoch is None else p.epoch for p in new),
+                "nbody": _Blobs(p.body for p in new),
+                "kid": _Texts(p.eid for p in keyed),
+                "kcid": _Texts(p.commit_id for p in keyed),
+            },
+            True,
+        )
     created = set()
     done: dict[str, tuple[bytes, int]] = {}
     for eid, cid, digest, version in rows:
@@ -194,61 +200,83 @@ def _apply(
     steps = sorted((p.eid, p.step) for p in applied if p.step is not None)
     keyed = [p for p in applied if p.commit_id is not None]
     marks = [p for p in applied if p.mark is not None]
-    if applied:
-        yield _Query(
-            sql.write,
-            {
-                "uid": _Texts(p.eid for p in updated),
-                "uver": _Ints(p.version + 1 for p in updated),
-                "uepoch": _Ints(_NO_EPOCH if p.epoch is None else p.epoch for p in updated),
-                "ubody": _Blobs(p.body for p in updated),
-                "targets": _Texts(t for _, t, _ in emits),
-                "events": _Blobs(e for _, _, e in emits),
-                "mid": _Texts(p.eid for p in marks),
-                "mev": _Texts(p.mark for p in marks),
-                "aid": _Texts(a[0] for a in arms),
-                "apath": _Texts(a[1] for a in arms),
-                "aat": _Floats(a[2] for a in arms),
-                "did": _Texts(d[0] for d in disarms),
-                "dpath": _Texts(d[1] for d in disarms),
-                "sid": _Texts(s[0] for s in spawns),
-                "child": _Texts(s[1] for s in spawns),
-                "root": _Blobs(s[2] for s in spawns),
-                "ctx": _Blobs(s[3] for s in spawns),
-                "rid": _Texts(eid for eid, _ in steps),
-                "rstep": _Blobs(step for _, step in steps),
-                "cide": _Texts(p.eid for p in keyed),
-                "cidc": _Texts(p.commit_id for p in keyed),
-                "cidd": _Blobs(p.digest for p in keyed),
-                "cidv": _Ints(p.version + 1 for p in keyed),
-                "wake": wake and bool(emits or arms or spawns),
-                "channel": core.channel,
-            },
-            True,
-        )
-        keep = core.trace_max or 0
-        if steps and keep:
-            # A statement of its own: its snapshot sees every step of the appends that
-            # committed before the batch took the rings' locks.
-            yield _Query(sql.trim, {"rid": _Texts(eid for eid, _ in steps), "keep": keep}, True)
-    return outcomes, versions, bool(applied) and wake and bool(emits or arms or spawns)
+    if not applied:
+        return outcomes, versions, None, False
+    notifies = wake and bool(emits or arms or spawns)
+    write = _Query(
+        sql.write,
+        {
+            "uid": _Texts(p.eid for p in updated),
+            "uver": _Ints(p.version + 1 for p in updated),
+            "uepoch": _Ints(_NO_EPOCH if p.epoch is None else p.epoch for p in updated),
+            "ubody": _Blobs(p.body for p in updated),
+            "targets": _Texts(t for _, t, _ in emits),
+            "events": _Blobs(e for _, _, e in emits),
+            "mid": _Texts(p.eid for p in marks),
+            "mev": _Texts(p.mark for p in marks),
+            "aid": _Texts(a[0] for a in arms),
+            "apath": _Texts(a[1] for a in arms),
+            "aat": _Floats(a[2] for a in arms),
+            "did": _Texts(d[0] for d in disarms),
+            "dpath": _Texts(d[1] for d in disarms),
+            "sid": _Texts(s[0] for s in spawns),
+            "child": _Texts(s[1] for s in spawns),
+            "root": _Blobs(s[2] for s in spawns),
+            "ctx": _Blobs(s[3] for s in spawns),
+            "rid": _Texts(eid for eid, _ in steps),
+            "rstep": _Blobs(step for _, step in steps),
+            "cide": _Texts(p.eid for p in keyed),
+            "cidc": _Texts(p.commit_id for p in keyed),
+            "cidd": _Blobs(p.digest for p in keyed),
+            "cidv": _Ints(p.version + 1 for p in keyed),
+            "keep": core.trace_max or 0,
+            "wake": notifies,
+            "channel": core.channel,
+        },
+        True,
+    )
+    return outcomes, versions, write, notifies
 
 
-def _commit(versions: list[tuple[_Prepared, int]]) -> _Op:
-    """Set each execution's version, then commit the transaction. Set before it commits:
-    an execution that refuses its version (frozen, a setter that raises) rolls back the
-    whole transaction, nothing written; a failed commit sets them back."""
+def _commit(
+    core: _Core,
+    versions: list[tuple[_Prepared, int]],
+    writes: list[_Query],
+    missed: list[str] | None = None,
+) -> _Op:
+    """Run ``writes``, the last one with the ``COMMIT`` in its round trip (a lone
+    ``COMMIT`` when there is none), having set each execution's version first: an
+    execution that refuses its version (frozen, a setter that raises) rolls back the
+    whole transaction, nothing written; a failed write or commit sets them back. Then
+    trim again the rings (and ``missed``) that another writer appended to after a
+    write's snapshot, once the transaction has landed, on a snapshot that sees their
+    steps (as ``commit`` does)."""
 
+    missed = list(missed or ())
+    for query in writes[:-1]:
+        missed += _missed((yield query))
     set_so_far: list[_Prepared] = []
     try:
         for p, version in versions:
             _checks.set_version(p.exe, version)
             set_so_far.append(p)
-        yield _Query("COMMIT", prepare=False)
+        if writes:
+            missed += _missed((yield writes[-1]._replace(commit=True)))
+        else:
+            yield _Query("COMMIT", prepare=False)
     except BaseException:
         for p in set_so_far:
             _restore_version(p.exe, p.version)
         raise
+    if missed:
+        params = {"rid": _Texts(sorted(set(missed))), "keep": core.trace_max}
+        yield _Query(_sql(core).trim, params, True, tolerant=True)
+
+
+def _missed(rows: Any) -> list[str]:
+    """The rings a write of commits may have left too long (its first column); none
+    for a delete (a row count)."""
+    return list(rows[0][0]) if isinstance(rows, list) else []
 
 
 def ack_many(core: _Core, table: str, seqs: Any) -> _Op:
@@ -367,21 +395,30 @@ def write_group(core: _Core, parts: list[Any]) -> _Op:
         for i, p in enumerate(batch):
             last[p.eid] = r
             rounds[r].append((n, i, p))
-    yield _Query("BEGIN", prepare=False)
     versions: list[tuple[_Prepared, int]] = []
+    writes: list[_Query] = []
+    missed: list[str] = []
     woke = False
-    for members in rounds:
-        results, set_, notified = yield from _apply(core, [p for _, _, p in members], not woke)
+    for r, members in enumerate(rounds):
+        if writes:  # the write of the round before, which this round's reads must see
+            missed += _missed((yield writes[0]))
+            writes = []
+        results, set_, write, notified = yield from _apply(
+            core, [p for _, _, p in members], not woke, r == 0
+        )
         woke = woke or notified
         versions.extend(set_)
+        if write is not None:
+            writes.append(write)
         for (n, i, _), result in zip(members, results):
             if parts[n][0] == "one":
                 outcomes[n] = result
             else:
                 outcomes[n][i] = result
-    for table, values in deletes.items():
-        yield _deletes(core, table, values)
-    yield from _commit(versions)
+    writes += [_deletes(core, table, values) for table, values in deletes.items()]
+    if not rounds:
+        writes[0] = writes[0]._replace(begin=True)
+    yield from _commit(core, versions, writes, missed)
     return outcomes
 
 
@@ -411,6 +448,16 @@ FROM {s}.commit_ids AS c JOIN unnest(%(kid)s::text[], %(kcid)s::text[]) AS u (i,
 SELECT x.id, x.version, c.commit_id, c.digest, c.version
 FROM {s}.executions AS x LEFT JOIN {s}.commit_ids AS c ON c.execution_id = x.id
 WHERE x.id = ANY (%(ids)s::text[])"""
+        # The rings' trims: the steps each ring's index finds (a hash join of the whole
+        # trace table would be the plan the planner picks for a small table).
+        trim = f"""DELETE FROM {s}.trace WHERE ctid = ANY (ARRAY(
+    SELECT o.ctid FROM ring AS r CROSS JOIN LATERAL (
+        SELECT tr.ctid FROM {s}.trace AS tr
+        WHERE tr.execution_id = r.execution_id AND tr.idx < r.next_index - %(keep)s::bigint
+        OFFSET 0
+    ) AS o
+    WHERE %(keep)s::bigint > 0
+))"""
         self.write = f"""
 WITH upd AS (
     UPDATE {s}.executions AS x SET version = u.v, body = u.b, epoch = coalesce(nullif(u.e, -1), x.epoch)
@@ -443,6 +490,9 @@ WITH upd AS (
     FROM unnest(%(sid)s::text[], %(child)s::text[], %(root)s::bytea[], %(ctx)s::bytea[])
         WITH ORDINALITY AS u (i, c, r, x, o)
     ORDER BY o
+), seen AS (
+    SELECT execution_id, next_index FROM {s}.trace_index
+    WHERE execution_id = ANY (%(rid)s::text[])
 ), ring AS (
     INSERT INTO {s}.trace_index AS ti (execution_id, next_index)
     SELECT i, 1 FROM unnest(%(rid)s::text[]) AS i ORDER BY i
@@ -453,15 +503,26 @@ WITH upd AS (
     SELECT r.execution_id, r.next_index - 1, u.s
     FROM ring AS r JOIN unnest(%(rid)s::text[], %(rstep)s::bytea[]) AS u (i, s)
         ON u.i = r.execution_id
+), trim AS (
+    {trim}
 ), rec AS (
     INSERT INTO {s}.commit_ids (execution_id, commit_id, digest, version)
     SELECT * FROM unnest(%(cide)s::text[], %(cidc)s::text[], %(cidd)s::bytea[], %(cidv)s::int8[])
+), wake AS (
+    SELECT pg_notify(%(channel)s, '') WHERE %(wake)s::bool
 )
-SELECT pg_notify(%(channel)s, '') WHERE %(wake)s::bool"""
+SELECT ARRAY(
+    SELECT r.execution_id FROM ring AS r LEFT JOIN seen AS n USING (execution_id)
+    WHERE %(keep)s::bigint > 0 AND r.next_index <> coalesce(n.next_index, 0) + 1
+), (SELECT count(*) FROM wake)"""
+        # The trim once a write has landed (as the store's ``commit`` trims again), under
+        # the locks of the rings' rows, taken in id order as every writer takes them.
         self.trim = f"""
-DELETE FROM {s}.trace AS tr USING {s}.trace_index AS ti
-WHERE ti.execution_id = ANY (%(rid)s::text[]) AND tr.execution_id = ti.execution_id
-  AND %(keep)s::bigint > 0 AND tr.idx < ti.next_index - %(keep)s::bigint"""
+WITH ring AS (
+    SELECT execution_id, next_index FROM {s}.trace_index
+    WHERE execution_id = ANY (%(rid)s::text[]) ORDER BY execution_id FOR UPDATE
+)
+{trim}"""
         self.ack = {
             table: f"DELETE FROM {s}.{table} WHERE seq = ANY (%s::int8[])"
             for table in ("outbox", "spawns")

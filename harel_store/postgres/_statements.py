@@ -15,13 +15,17 @@ class _Query(NamedTuple):
     ``unique``, a unique violation is sent back as :data:`_UNIQUE` instead of raised;
     ``tolerant``, a statement run once the operation's outcome is settled (the trim
     after an append): its failure is sent back as ``None``, and never raised as the
-    operation's."""
+    operation's. ``begin``/``commit``: ``BEGIN`` sent before it, ``COMMIT`` after it, in
+    the same round trip (a pipeline): the transaction's first and last statements cost no
+    round trip of their own."""
 
     sql: str
     params: Any = None
     prepare: bool | None = None
     unique: bool = False
     tolerant: bool = False
+    begin: bool = False
+    commit: bool = False
 
 
 _UNIQUE = object()

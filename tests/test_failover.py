@@ -1,7 +1,7 @@
 """PostgreSQL failover under running processes (issue 28): a primary and a synchronous
-streaming standby on loopback, writers and a relay on a multi-host URL with
-``target_session_attrs=read-write``; the standby is promoted and the old primary stopped
-mid-stream, then brought back as a read-only standby still listed first.
+streaming standby on loopback, writers and relays (sync and async stores) on a multi-host
+URL with ``target_session_attrs=read-write``; the standby is promoted and the old primary
+stopped mid-stream, then brought back as a read-only standby still listed first.
 
 Needs the PostgreSQL server binaries with ``pg_basebackup`` (Debian: ``postgresql``);
 the module's own two clusters, so it runs whatever ``HAREL_STORE_PG_URL`` names. About a
@@ -10,6 +10,7 @@ minute on two cores.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import subprocess
@@ -24,9 +25,9 @@ import _pg
 import pytest
 
 from harel_store import Execution, StoreError
-from harel_store.postgres import PostgresStore
+from harel_store.postgres import AsyncPostgresStore, PostgresStore
 
-WRITERS = 3
+WRITERS = 3  # sync ones, w0...; and one async writer, a0
 SCHEMA: dict[str, str] = {}  # the schema of the failover test, for the one after it
 
 # A writer: commits transitions of its execution, each with a commit id, one trace entry
@@ -80,6 +81,70 @@ while not os.path.exists(stop):
     print(acked, flush=True)
     time.sleep(0.02)
 store.close()
+"""
+
+
+# The async writer: WRITER on AsyncPostgresStore, in one asyncio.run.
+ASYNC_WRITER = r"""
+import asyncio, os, sys
+from harel_store import Execution, StoreError
+from harel_store.postgres import AsyncPostgresStore
+
+url, schema, name, stop = sys.argv[1:5]
+
+async def main():
+    async with AsyncPostgresStore(url, schema=schema, trace_max=None, timeout=60.0) as store:
+        exe = Execution(id=name)
+        k = 0
+        while not os.path.exists(stop):
+            k += 1
+            exe.context["k"] = k
+            retries = 0
+            while True:
+                try:
+                    await store.commit(exe, [(None, {"w": name, "k": k})], trace={"k": k},
+                                       commit_id=f"{name}-{k}")
+                    break
+                except StoreError as exc:
+                    retries += 1
+                    if retries > 200:
+                        raise
+                    print("retry", k, exc, file=sys.stderr, flush=True)
+                    await asyncio.sleep(0.05)
+            print(k, flush=True)
+
+asyncio.run(main())
+"""
+
+# The async relay: waits for work, claims and acks; prints how many it acked and
+# whether that wait woke ("acked:1") or timed out ("acked:0"). The store's log goes to
+# stderr.
+ASYNC_RELAY = r"""
+import asyncio, logging, os, sys
+from harel_store import StoreError
+from harel_store.postgres import AsyncPostgresStore
+
+url, schema, stop = sys.argv[1:4]
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="LOG %(message)s")
+logging.getLogger("psycopg").setLevel(logging.ERROR)
+
+async def main():
+    async with AsyncPostgresStore(url, schema=schema, timeout=60.0) as store:
+        acked = 0
+        while not os.path.exists(stop):
+            try:
+                woke = await store.wait_for_work(1.0)
+                entries = await store.claim_outbox(50, lease=5.0)
+                await store.ack_outbox_many(entry.seq for entry in entries)
+                acked += len(entries)
+            except StoreError as exc:
+                print("retry", exc, file=sys.stderr, flush=True)
+                await asyncio.sleep(0.02)
+                continue
+            print(f"{acked}:{int(woke)}", flush=True)
+            await asyncio.sleep(0.02)
+
+asyncio.run(main())
 """
 
 
@@ -167,10 +232,15 @@ def test_writers_and_a_relay_continue_on_the_promoted_standby(
     try:
         for w in range(WRITERS):
             spawn(f"w{w}", WRITER, url, schema, f"w{w}", str(stop))
+        spawn("a0", ASYNC_WRITER, url, schema, "a0", str(stop))
+        writers = [(f"w{w}", out) for w, (_, out) in enumerate(procs[:WRITERS])]
+        writers.append(("a0", procs[WRITERS][1]))
         spawn("relay", RELAY, url, schema, str(stop))
+        spawn("arelay", ASYNC_RELAY, url, schema, str(stop))
+        arelay = procs[-1][1]
         wait_for(
             "every writer committed on the primary",
-            lambda: all(len(lines(out)) >= 20 for _, out in procs[:WRITERS]),
+            lambda: all(len(lines(out)) >= 20 for _, out in writers),
         )
         # Fail over mid-stream: the standby becomes the primary, the old one stops.
         standby.ctl("-w", "promote")
@@ -181,6 +251,13 @@ def test_writers_and_a_relay_continue_on_the_promoted_standby(
             lambda: all(len(lines(out)) >= at_failover[out] + 20 for _, out in procs),
         )
         assert sql(standby.url, "SELECT pg_is_in_recovery()") == [(False,)]
+        # The async relay's wait_for_work woke on the new primary (its listening
+        # connection, on the old one, was replaced), and its pool's new connections
+        # went there: said once.
+        assert any(line.endswith(":1") for line in lines(arelay)[at_failover[arelay] :])
+        logged = arelay.with_suffix(".err").read_text()
+        assert logged.count("no longer to") == 1, logged
+        assert f":{_pg.port_of(standby)}, no longer" in logged
         # wait_for_work, whose listening connection was on the old primary, wakes on
         # the new one: the writers commit there.
         assert listener.wait_for_work(30.0) is True
@@ -196,13 +273,13 @@ def test_writers_and_a_relay_continue_on_the_promoted_standby(
             assert proc.wait(timeout=120) == 0, (out.with_suffix(".err")).read_text()
         # Every commit that returned is on the new primary, each applied once.
         with PostgresStore(standby.url, schema=schema, trace_max=None) as store:
-            for w, (_, out) in enumerate(procs[:WRITERS]):
+            for name, out in writers:
                 returned = [int(k) for k in lines(out)]
                 assert returned == list(range(1, len(returned) + 1))
-                exe = store.load(f"w{w}")
+                exe = store.load(name)
                 assert exe is not None
                 assert exe.version == len(returned) == exe.context["k"]
-                assert [step["k"] for step in store.read_trace(f"w{w}")] == returned
+                assert [step["k"] for step in store.read_trace(name)] == returned
         retried = "".join((out.with_suffix(".err")).read_text() for _, out in procs)
         print(retried)  # shown with -s: what the failover cost the processes
     finally:
@@ -251,6 +328,25 @@ def test_the_old_primary_back_as_a_read_only_standby(
             stale.commit(exe, [], commit_id="refused-1")
         assert stale.pool_stats()["connections_num"] >= 2  # a new one for each try
 
+    async def the_async_twin() -> None:
+        async with AsyncPostgresStore(ha_url(old, new), schema=schema) as store:
+            exe = Execution(id="after-async")
+            await store.commit(exe, [], commit_id="after-async-1")
+            assert exe.version == 1
+        async with AsyncPostgresStore(old.url, schema=SCHEMA["before"]) as stale:
+            exe = Execution(id="refused-async")
+            caplog.clear()
+            with pytest.raises(StoreError, match="Retry: the session is read-only"):
+                await stale.commit(exe, [], commit_id="refused-async-1")
+            assert exe.version == 0
+            closing = [r for r in caplog.records if "closing a connection" in r.getMessage()]
+            assert len(closing) == 1 and "SQLSTATE 25006" in closing[0].getMessage()
+            with pytest.raises(StoreError, match="read-only"):
+                await stale.commit(exe, [], commit_id="refused-async-1")
+            assert stale.pool_stats()["connections_num"] >= 2  # a new one for each try
+
+    asyncio.run(the_async_twin())
+
 
 @pytest.fixture
 def lone(pair: tuple[_pg.Server, _pg.Server]) -> Iterator[_pg.Server]:
@@ -265,7 +361,8 @@ def lone(pair: tuple[_pg.Server, _pg.Server]) -> Iterator[_pg.Server]:
 def test_a_server_that_is_down(lone: _pg.Server, caplog: pytest.LogCaptureFixture) -> None:
     """Opening while the server is down tries again for connect_timeout, then raises a
     StoreError naming the host without the password; it opens once the server is back;
-    a call while it is down raises, and the first call after it is back passes."""
+    a call while it is down raises, and the first call after it is back passes. The
+    sync store, then the async one (which opens at its first call)."""
     caplog.set_level(logging.INFO, logger="harel_store")
     secret = "pw-" + "x" * 8
     url = lone.url + f"&password={secret}"
@@ -294,3 +391,34 @@ def test_a_server_that_is_down(lone: _pg.Server, caplog: pytest.LogCaptureFixtur
         lone.start()
         loaded = store.load("e1")
         assert loaded is not None and loaded.version == 1
+
+    lone.stop()
+    caplog.clear()
+    astore = AsyncPostgresStore(url, schema=schema, connect_timeout=1.0)
+    with pytest.raises(StoreError) as info:
+        asyncio.run(astore.load("e1"))
+    assert "cannot open" in str(info.value) and where in str(info.value)
+    assert secret not in str(info.value)
+    said = [r for r in caplog.records if "cannot be reached" in r.getMessage()]
+    assert len(said) == 1 and secret not in said[0].getMessage()
+    asyncio.run(astore.close())
+    astore = AsyncPostgresStore(url, schema=schema, connect_timeout=5.0, timeout=60.0)
+    starting = threading.Thread(target=lambda: (time.sleep(1.0), lone.start()))
+    starting.start()
+    try:
+        loaded = asyncio.run(astore.load("e1"))  # opened while the server comes back
+    finally:
+        starting.join()
+    assert loaded is not None and loaded.version == 1
+
+    async def down_and_back() -> None:
+        lone.stop()
+        with pytest.raises(StoreError) as info:
+            await astore.load("e1")
+        assert where in str(info.value) and secret not in str(info.value)
+        lone.start()
+        loaded = await astore.load("e1")
+        assert loaded is not None and loaded.version == 1
+        await astore.close()
+
+    asyncio.run(down_and_back())

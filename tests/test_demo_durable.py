@@ -34,6 +34,20 @@ def stats_of(path: Path) -> dict[str, int]:
         return store.stats()
 
 
+def finished_orders(store: Any) -> int | None:
+    """The orders the run in ``store`` has retired, summed over its ledger's shards;
+    ``None`` while it has no ledger."""
+    from harel_store._demo.relay import ledger_ids
+
+    driver = store.load("demo/driver")
+    if driver is None:
+        return None
+    ledgers = [store.load(i) for i in ledger_ids(driver.context.get("shards", 1))]
+    if any(ledger is None for ledger in ledgers):
+        return None
+    return sum(ledger.context["finished"] for ledger in ledgers)
+
+
 def assert_finished(path: Path) -> None:
     """A finished run leaves its driver only, recording it, in phase ``done``."""
     from harel_store.sqlite import SqliteStore
@@ -118,8 +132,7 @@ def test_kill_9_then_resume(tmp_path: Path) -> None:
             time.sleep(0.05)
             if path.exists():
                 with SqliteStore(path) as store:
-                    ledger = store.load("demo/ledger")
-                finished = 0 if ledger is None else ledger.context["finished"]
+                    finished = finished_orders(store) or 0
         assert first.poll() is None, "the run ended before it could be killed"
         os.kill(first.pid, signal.SIGKILL)
     finally:
@@ -237,8 +250,7 @@ def test_a_killed_worker_leaves_its_claims_to_the_others(tmp_path: Path) -> None
             pids = worker_pids(proc.pid)
             if path.exists():
                 with SqliteStore(path) as store:
-                    ledger = store.load("demo/ledger")
-                finished = 0 if ledger is None else ledger.context["finished"]
+                    finished = finished_orders(store) or 0
         assert len(pids) == 2
         os.kill(pids[0], signal.SIGKILL)
         out, err = proc.communicate(timeout=120)
@@ -282,8 +294,7 @@ def test_kill_9_of_the_coordinator_then_resume_with_workers(tmp_path: Path) -> N
             assert proc.poll() is None, proc.communicate()
             if path.exists():
                 with SqliteStore(path) as store:
-                    ledger = store.load("demo/ledger")
-                finished = 0 if ledger is None else ledger.context["finished"]
+                    finished = finished_orders(store) or 0
         pids = worker_pids(proc.pid)
         assert len(pids) == 2
         os.kill(proc.pid, signal.SIGKILL)
@@ -374,13 +385,16 @@ def test_local_run_relies_on_no_identity(tmp_path: Path) -> None:
 def test_durable_host_on_a_memory_store(impl: Any) -> None:
     """The claiming relays, the driver and the ledger work on memory stores too."""
     from harel_store._demo import run
-    from harel_store._demo.durable import run_durable
+    from harel_store._demo.durable import SHARDS, run_durable
 
     result = run_durable(impl.DictStore(), where="memory:", n=400, seed=3)
     assert result["problems"] == []
     local = run(400, impl.DictStore, seed=3)
-    for key in ("completed", "timed_out", "executions", "notifications"):
+    for key in ("completed", "timed_out", "notifications"):
         assert result[key] == local[key]
+    # The same orders and children; each service in SHARDS executions instead of one.
+    assert result["shards"] == SHARDS
+    assert result["executions"] - 2 * (SHARDS - 1) == local["executions"]
     assert result["redeliveries_skipped"] > 0 and result["duplicate_spawns_skipped"] > 0
     assert not result["resumed"] and result["runs"] == 1
 
@@ -618,9 +632,8 @@ def test_rates_after_a_resume_count_this_runs_work_only(tmp_path: Path) -> None:
     with SqliteStore(path) as store, pytest.raises(Crash):
         run_durable(CrashingStore(store, at, True), where="late.db", n=n, lease=0.05)
     with SqliteStore(path) as store:
-        ledger = store.load("demo/ledger")
-        assert ledger is not None
-        before = ledger.context["finished"]
+        before = finished_orders(store)
+        assert before is not None
         assert 0 < before < n
         result = run_durable(store, where="late.db", resume=True, lease=0.05)
     assert result["problems"] == [] and result["resumed"]
@@ -640,9 +653,8 @@ def test_the_report_of_a_resumed_run_says_what_it_did(tmp_path: Path) -> None:
     with SqliteStore(tmp_path / "late.db") as store, pytest.raises(Crash):
         run_durable(CrashingStore(store, at, True), where="late.db", n=n, lease=0.05)
     with SqliteStore(tmp_path / "late.db") as store:
-        ledger = store.load("demo/ledger")
-        assert ledger is not None
-        before = ledger.context["finished"]
+        before = finished_orders(store)
+        assert before is not None
     proc = run_demo("--store", "sqlite:///late.db", "--resume", "--lease", "0.05", cwd=tmp_path)
     assert_ok(proc)
     assert f"{before} orders finished before" in proc.stdout

@@ -5,8 +5,9 @@ and ``delete_timer_many`` at the end.
 
 Two transitions of one execution cannot share a batch (each is a compare-and-set on the
 version the other moves), so the work of a round goes in waves: each wave holds the
-next transition of every execution that has work left, and the shared executions (the
-two services, the ledger) take one wave per event they receive. A transition refused
+next transition of every execution that has work left, and each shared execution (a
+shard of a service or of the ledger) takes one wave per event it receives: a run with
+``shards`` of each moves that many of their events per wave. A transition refused
 by a ``StoreConflict`` (another process committed its execution meanwhile) is handled
 again on a fresh copy in the next wave; an execution whose transition was applied is
 not loaded again for its next one in the same round (its copy is the stored one).
@@ -22,7 +23,7 @@ from typing import Any
 
 from .._errors import StoreConflict, StoreError
 from .._records import Commit
-from .relay import DRIVER, LEDGER, Relay
+from .relay import DRIVER, Relay
 from .workflow import NOTHING, REDELIVER_EVERY, RESPAWN_EVERY, Event, add_problem, new_child
 
 _Prepare = Callable[[Any], Commit | None]
@@ -238,12 +239,13 @@ class BatchRelay(Relay):
 
     def _retiring(self, event: Event, acks: list[int], seq: int) -> _Job:
         event_id, order_id = event[0], event[2]
+        ledger_id = self.ledger_of(order_id)
         tally: list[dict[str, Any]] = []  # read once, however many tries
 
         def prepare(ledger: Any) -> Commit | None:
             if ledger is None:
-                raise StoreError(f"{LEDGER} is missing from the store")
-            if self.store.is_processed(LEDGER, event_id):
+                raise StoreError(f"{ledger_id} is missing from the store")
+            if self.store.is_processed(ledger_id, event_id):
                 self.redeliveries_skipped += 1
                 return None
             if not tally:
@@ -262,4 +264,4 @@ class BatchRelay(Relay):
         def applied() -> None:
             self.retired += 1
 
-        return _Job(LEDGER, prepare, applied, acks, seq)
+        return _Job(ledger_id, prepare, applied, acks, seq)

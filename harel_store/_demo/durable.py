@@ -12,17 +12,22 @@ Everything a run needs to go on lives in the store, so a run killed at any instr
   ``phase`` (``running``, ``stopping``, ``done``). Only the coordinator writes it. A
   run that has finished leaves its driver alone in the store, in phase ``done`` with
   what it found (``problems``, the tallies), so that a ``--resume`` says that it
-  finished instead of starting another; a new run forgets it first.
-- the ledger, execution ``demo/ledger``: the tallies of the orders retired so far, and
-  the ids of those retired since the last tick (``retired``). A relay retires an order
+  finished instead of starting another; a new run forgets it first. It also records
+  ``shards`` (how many shards of each service and of the ledger the run has) and
+  ``keep`` (whether finished orders stay in the store, for ``inspect``, ``show``,
+  ``prune`` and ``copy`` after the run).
+- the ledger, execution ``demo/ledger`` (or its shards ``demo/ledger/K``, order ``i``
+  going to shard ``i % shards``): the tallies of the orders retired so far, and the ids
+  of those retired since the last tick (``retired``). A relay retires an order
   with a commit of the ledger that marks its ``order_finished`` event processed, so an
   announcement delivered twice is counted once, and acks the announcement after it.
   The coordinator forgets the retired orders with their children at the next quiescent
-  point (below), when no relay can be delivering to them: a delivery that had loaded
+  point (below; with ``keep`` it only clears the list), when no relay can be delivering
+  to them: a delivery that had loaded
   an order just before it was forgotten would otherwise store it again (a commit
   succeeds where no row exists).
-- the two services, the orders in flight and their children, with their outbox and
-  spawn entries and timers.
+- the services (see :mod:`.workflow` for their shards), the orders in flight and their
+  children, with their outbox and spawn entries and timers.
 
 The coordinator (:class:`Coordinator`) moves the clock one tick only when the store is
 quiescent at the current one: no due timer, and empty outbox and spawn tables. In-flight
@@ -51,6 +56,7 @@ with it. Everything else is checked from the store, whatever happened.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 from time import perf_counter
@@ -59,30 +65,35 @@ from typing import Any
 from .._errors import StaleWriter, StoreConflict
 from .._records import Execution
 from .batched import BatchRelay
-from .relay import CLAIM, DRIVER, LEASE, LEDGER, Refused, Relay, _Writer, new_ledger
+from .relay import CLAIM, DRIVER, LEASE, Refused, Relay, _Writer, ledger_ids, new_ledger
 from .result import DemoResult, WorkerReport, store_checks
 from .workflow import (
     EPOCH,
     FULFIL_TIMEOUT,
-    INVENTORY,
     MAX_PROBLEMS,
     NOTHING,
     ORDERS_PER_TICK,
     PAY_TIMEOUT,
-    PAYMENT,
     TICK,
     add_problem,
     expectation,
     fates,
+    merged,
     new_order,
     new_services,
+    order_id,
     plan,
+    planned_versions,
+    service_ids,
 )
 
 # The orders of a run that does not say (-n), by the kind of store: each takes about
 # 10 to 15 s on a 2-core machine (PostgreSQL with fsync on, one commit per transition).
 DEFAULT_ORDERS = {"memory": 20_000, "sqlite": 2_000, "postgresql": 500}
-SERVICES = (INVENTORY, PAYMENT)
+# Shards of each service and of the ledger in a batched run: a batch holds one transition
+# per shard, so one shard would serialise every order through each of them. A run that
+# does not batch (--no-batch) keeps one of each, the layout it had before batches.
+SHARDS = 16
 
 
 def default_orders(store: Any) -> int:
@@ -98,14 +109,26 @@ class Coordinator(_Writer):
     """Opens or resumes the run recorded in the store, moves its clock, admits orders,
     and checks and clears the store at the end. One per run."""
 
-    def __init__(self, store: Any, where: str, *, batch: bool = True) -> None:
+    def __init__(
+        self,
+        store: Any,
+        where: str,
+        *,
+        batch: bool = True,
+        keep: bool | None = None,
+        shards: int | None = None,
+    ) -> None:
         super().__init__(store)
         self.where = where
         self.batch = batch  # admit each tick's orders with commit_many, else one by one
+        self.skip_idle = batch  # see advance(); --no-batch keeps the run it had before
+        # What the run records (None: the recorded one when resuming, else the default).
+        self.asked = {"keep": keep, "shards": shards}
         self.resumed = False
         self.note = ""
         self.created = 0
         self.finished_before = 0  # orders finished by the runs before this one
+        self.seen = 0  # orders finished, as the last quiescent point found
         self.peak = 0
 
     # -- the driver -------------------------------------------------------------------
@@ -138,6 +161,7 @@ class Coordinator(_Writer):
             if n is None:
                 n = default_orders(store) if default_n is None else default_n
             seed = 1 if seed is None else seed
+            keep, shards = self.asked["keep"], self.asked["shards"]
             driver = Execution(
                 id=DRIVER,
                 definition_id="driver",
@@ -151,6 +175,8 @@ class Coordinator(_Writer):
                     "admitted": 0,
                     "runs": 1,
                     "phase": "running",
+                    "keep": bool(keep),
+                    "shards": (SHARDS if self.batch else 1) if shards is None else shards,
                 },
             )
             step: tuple[str, str, str, int] | None = ("created", "", "created", 1)
@@ -162,7 +188,7 @@ class Coordinator(_Writer):
             if not resume:
                 raise Refused(
                     f"{self.where} holds an unfinished run of the demonstration "
-                    f"({self._finished():,} of {context['n']:,} orders finished, tick "
+                    f"({self._finished(context):,} of {context['n']:,} orders finished, tick "
                     f"{context['tick']}): add --resume to finish it, or give --store an "
                     "empty database"
                 )
@@ -174,6 +200,7 @@ class Coordinator(_Writer):
                         f"the run in {self.where} drives {context['n']:,} orders with seed "
                         f"{context['seed']}; {flag} {value} disagrees (leave it out to resume)"
                     )
+            self._agrees(context)
             runs = context["runs"] + 1
             context["runs"] = runs
             before = context["phase"]
@@ -193,24 +220,51 @@ class Coordinator(_Writer):
         self.driver = driver
         self.n = driver.context["n"]
         self.seed = driver.context["seed"]
+        self.shards = driver.context.get("shards", 1)
         self.fates = fates(self.n, self.seed)
         self.now = driver.context["now"]
         if driver.context["phase"] == "done":
             return
         self.finished_before = self._finished()
         # Created on every start, each only if missing: a crash may have come between.
-        for exe in (*new_services(), new_ledger()):
+        shards = self.shards
+        for exe in (*new_services(shards), *map(new_ledger, ledger_ids(shards))):
             if store.load(exe.id) is None:
                 self.create(exe, None)
         if self.resumed:  # the last batch may have been cut short
             self._admit(driver.context["batch_from"], driver.context["admitted"], again=True)
 
+    def _agrees(self, context: dict[str, Any]) -> None:
+        """Refuse a resume asked to run differently from the run it resumes."""
+        shards = self.asked["shards"]
+        if shards is not None and shards != context.get("shards", 1):
+            raise Refused(
+                f"the run in {self.where} has {context.get('shards', 1)} shards of each "
+                f"service; --shards {shards} disagrees (leave it out to resume)"
+            )
+        if self.asked["keep"] and not context.get("keep", False):
+            raise Refused(
+                f"the run in {self.where} was started without --keep and has forgotten the "
+                "orders it finished: leave --keep out to resume it"
+            )
+
+    def _ours(self, context: dict[str, Any]) -> list[str]:
+        """The ids of the services and the ledger of the run ``context`` records."""
+        shards = context.get("shards", 1)
+        return [*service_ids(shards), *ledger_ids(shards)]
+
     def _make_way(self, driver: Execution) -> None:
         """Forget the finished run ``driver`` records, for a new one: unless the store
-        holds more than what is left of that run."""
+        holds more than what is left of that run (a run kept with ``--keep`` is never
+        forgotten: it is there to be looked at)."""
         store = self.store
-        ours = [i for i in (*SERVICES, LEDGER) if store.load(i) is not None]
+        ours = [i for i in self._ours(driver.context) if store.load(i) is not None]
         executions = store.stats()["executions"]
+        if driver.context.get("keep"):
+            raise Refused(
+                f"{self.where} holds a finished run of the demonstration kept with --keep "
+                f"({executions:,} executions): give --store an empty database"
+            )
         if executions > len(ours) + 1:
             raise Refused(
                 f"{self.where} is not empty ({executions - len(ours) - 1:,} executions "
@@ -221,6 +275,11 @@ class Coordinator(_Writer):
             store.forget(execution_id)
 
     @property
+    def keep(self) -> bool:
+        """Whether the run keeps what it finished (``--keep``)."""
+        return bool(self.driver.context.get("keep", False))
+
+    @property
     def phase(self) -> str:
         return str(self.driver.context["phase"])
 
@@ -229,10 +288,15 @@ class Coordinator(_Writer):
         return int(self.driver.context["tick"])
 
     def advance(self) -> None:
-        """The next tick: move the clock, wake the relays, admit the next batch."""
+        """The next tick: move the clock, wake the relays, admit the next batch. With
+        :attr:`skip_idle`, once every order is admitted, the clock goes straight to the
+        first tick at which a timer is due: the ticks between would find nothing to do
+        (the store is quiescent), as a sweeper sleeps until its next timer."""
         driver = self.driver
         context = driver.context
         tick = context["tick"] + 1
+        if self.skip_idle and context["admitted"] >= self.n:
+            tick = max(tick, self._next_timer_tick())
         self.now = now = EPOCH + tick * TICK
         first = context["admitted"]
         context.update(
@@ -241,6 +305,15 @@ class Coordinator(_Writer):
         wake = ([(None, "tick", tick)], (), ())
         self.commit(driver, wake, None, "tick", "running", f"tick-{tick}", context["runs"])
         self._admit(first, context["admitted"])
+
+    def _next_timer_tick(self) -> int:
+        """The first tick at which a stored timer is due (0 when there is none)."""
+        limit = max_ticks(self.n)
+        timers = self.store.due_timers(EPOCH + limit * TICK)
+        if not timers:
+            return 0
+        first: float = min(t[2] for t in timers)
+        return min(limit, math.ceil((first - EPOCH) / TICK))
 
     def _admit(self, first: int, last: int, again: bool = False) -> None:
         drawn = self.fates
@@ -296,29 +369,38 @@ class Coordinator(_Writer):
         their children, and say how many orders are finished. (Forgotten first, then
         cleared from the ledger: a crash between makes the next run forget them again.)"""
         store = self.store
-        ledger = store.load(LEDGER)
-        if ledger is None:
-            return 0
-        retired = ledger.context["retired"]
-        if retired:
-            for order_id in retired:
-                store.forget(f"{order_id}/packing")
-                store.forget(f"{order_id}/shipping")
-                store.forget(order_id)
-            ledger.context["retired"] = []
-            self.commit(ledger, NOTHING, None, "forgotten", "open", f"forgot-{self.tick}")
-        return int(ledger.context["finished"])
+        keep = self.keep
+        finished = 0
+        for ledger_id in ledger_ids(self.shards):
+            ledger = store.load(ledger_id)
+            if ledger is None:
+                continue
+            retired = ledger.context["retired"]
+            if retired:
+                if not keep:
+                    for order_id in retired:
+                        store.forget(f"{order_id}/packing")
+                        store.forget(f"{order_id}/shipping")
+                        store.forget(order_id)
+                ledger.context["retired"] = []
+                self.commit(ledger, NOTHING, None, "forgotten", "open", f"forgot-{self.tick}")
+            finished += ledger.context["finished"]
+        self.seen = finished
+        return finished
 
-    def _finished(self) -> int:
-        ledger = self.store.load(LEDGER)
-        return 0 if ledger is None else int(ledger.context["finished"])
+    def _finished(self, context: dict[str, Any] | None = None) -> int:
+        load = self.store.load
+        shards = (self.driver.context if context is None else context).get("shards", 1)
+        ledgers = [load(i) for i in ledger_ids(shards)]
+        return sum(int(ledger.context["finished"]) for ledger in ledgers if ledger is not None)
 
     def finished(self) -> int:
         return self._finished()
 
     def over(self) -> bool:
-        """Every order retired, or the clock ran out."""
-        return self._finished() >= self.n or self.tick >= max_ticks(self.n)
+        """Every order retired (as :meth:`forget_retired` found just before), or the
+        clock ran out."""
+        return self.seen >= self.n or self.tick >= max_ticks(self.n)
 
     # -- the end ----------------------------------------------------------------------
 
@@ -326,7 +408,9 @@ class Coordinator(_Writer):
         self, counts: Iterable[dict[str, int]], reports: list[WorkerReport], elapsed: float
     ) -> DemoResult:
         """Check the run from the store and the relays' counts, record the outcome in
-        the driver, then forget the services, the ledger and the driver."""
+        the driver, then forget the services and the ledger (with ``keep``, nothing:
+        every order stays with its children, marks, commit ids and trace, and the checks
+        count them in the store's figures too)."""
         store = self.store
         problems: list[str] = []
         expect = expectation(problems)
@@ -338,8 +422,11 @@ class Coordinator(_Writer):
             if report["error"]:
                 problems.append(f"worker {report['worker']} failed: {report['error']}")
         self._ack_wakeups(problems)
-        ledger = store.load(LEDGER)
-        services = [store.load(INVENTORY), store.load(PAYMENT)]
+        shards, keep = self.shards, self.keep
+        ledgers = [store.load(i) for i in ledger_ids(shards)]
+        shared = [store.load(i) for i in service_ids(shards)]
+        services = [merged(shared[:shards]), merged(shared[shards:])]
+        ledger = merged(ledgers)
         tallies = ledger.context if ledger is not None else new_ledger().context
         finished = tallies["finished"]
         if finished < self.n:
@@ -392,29 +479,35 @@ class Coordinator(_Writer):
         )
         self.commit(driver, NOTHING, None, "done", before, "done", driver.context["runs"])
         commits = self.commits + sum(r["commits"] for r in reports)
-        keep = [s for s in (*services, ledger, driver) if s is not None]
+        services_left = [s for s in shared if s is not None]
+        kept = self._kept(problems) if keep else []
+        stays = [*services_left, *(s for s in ledgers if s is not None), driver, *kept]
         stats = store.stats()
         trace_max = store.trace_max or None
         expect(
             "store stats at the end",
             stats,
             {
-                "executions": 4,
+                "executions": 3 * shards + 1 + len(kept),
                 "outbox": 0,
                 "spawns": 0,
                 "timers": 0,
-                "processed": sum(s.version - 1 for s in services if s is not None) + finished,
-                "traces": 4,
-                "trace_steps": sum(min(e.version, trace_max or e.version) for e in keep),
+                "processed": sum(e.version - 1 for e in (*services_left, *kept)) + finished,
+                "traces": 3 * shards + 1 + len(kept),
+                "trace_steps": sum(min(e.version, trace_max or e.version) for e in stays),
             },
         )
-        # The driver stays, recording the finished run: a --resume says so.
-        for execution_id in (*SERVICES, LEDGER):
-            store.forget(execution_id)
-        stats_after = store.stats()
-        expect("store stats after forget", stats_after, _only_the_driver(stats, driver, trace_max))
+        if keep:
+            stats_after = stats
+        else:
+            # The driver stays, recording the finished run: a --resume says so.
+            for execution_id in self._ours(driver.context):
+                store.forget(execution_id)
+            stats_after = store.stats()
+            expected_after = _only_the_driver(stats, driver, trace_max)
+            expect("store stats after forget", stats_after, expected_after)
 
-        executions = 2 + self.n + tallies["children"]
+        executions = 2 * shards + self.n + tallies["children"]
         made = self.created + children_created + (0 if self.resumed else 2)
         here = finished - self.finished_before  # the rates count this run's work only
         return DemoResult(
@@ -443,7 +536,33 @@ class Coordinator(_Writer):
             runs=driver.context["runs"],
             conflicts=self.conflicts + sum(r["conflicts"] for r in reports),
             workers=reports,
+            kept=keep,
+            shards=shards,
         )
+
+    def _kept(self, problems: list[str]) -> list[Execution]:
+        """A kept run's orders and their children, each checked against its fate: there,
+        and at the version its planned events make (one commit to create it, one per
+        event it handled: an event handled twice, or lost, shows here)."""
+        load = self.store.load
+        kept: list[Execution] = []
+        for i, fate in enumerate(self.fates):
+            ids = (order_id(i), f"{order_id(i)}/packing", f"{order_id(i)}/shipping")
+            for execution_id, version in zip(ids, planned_versions(fate), strict=True):
+                exe = load(execution_id)
+                if version is None:
+                    if exe is not None:
+                        add_problem(problems, f"{execution_id}: stored, but never planned")
+                elif exe is None:
+                    add_problem(problems, f"{execution_id}: not kept")
+                else:
+                    kept.append(exe)
+                    if exe.version != version:
+                        add_problem(
+                            problems,
+                            f"{execution_id}: at version {exe.version}, planned {version}",
+                        )
+        return kept
 
     def conclude_finished(self) -> DemoResult:
         """The run in the store had finished and been checked: report what it recorded,
@@ -452,8 +571,9 @@ class Coordinator(_Writer):
         store = self.store
         context = self.driver.context
         recorded = list(context.get("problems", []))
-        for execution_id in (*SERVICES, LEDGER):
-            store.forget(execution_id)
+        if not self.keep:
+            for execution_id in self._ours(context):
+                store.forget(execution_id)
         stats = store.stats()
         return DemoResult(
             orders=self.n,
@@ -472,6 +592,8 @@ class Coordinator(_Writer):
             runs=context["runs"],
             finished_before=context.get("finished", self.n),
             workers=[],
+            kept=self.keep,
+            shards=context.get("shards", 1),
         )
 
     def _ack_wakeups(self, problems: list[str]) -> None:
@@ -517,6 +639,8 @@ def run_durable(
     waiting: Callable[[int], None] | None = None,
     coordinator: Coordinator | None = None,
     batch: bool = True,
+    keep: bool | None = None,
+    shards: int | None = None,
 ) -> DemoResult:
     """Run the demonstration in this process on a durable ``store`` (``where`` names it
     in messages): start a run in an empty store (or one whose run has finished), or
@@ -529,8 +653,9 @@ def run_durable(
     claimable again, as the claims' leases run out. ``batch`` (the default) writes what
     a relay handles in a round with ``commit_many`` and the batch acks
     (:class:`~.batched.BatchRelay`); ``False`` writes each transition with its own
-    ``commit`` and each ack on its own."""
-    coord = coordinator or Coordinator(store, where, batch=batch)
+    ``commit`` and each ack on its own. ``keep`` and ``shards`` are what
+    :class:`Coordinator` takes (``None``: recorded, or the default)."""
+    coord = coordinator or Coordinator(store, where, batch=batch, keep=keep, shards=shards)
     if coordinator is None:
         coord.open(n, seed, resume)
     if coord.phase == "done":

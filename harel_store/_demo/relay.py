@@ -28,6 +28,7 @@ from .workflow import (
     new_child,
     order_index,
     planned_status,
+    shard_id,
 )
 
 DRIVER = "demo/driver"
@@ -47,9 +48,14 @@ def _never() -> bool:
     return False
 
 
-def new_ledger() -> Execution:
+def ledger_ids(shards: int) -> list[str]:
+    """The ledger's shards: order ``i`` is retired into shard ``i % shards``."""
+    return [shard_id(LEDGER, k, shards) for k in range(shards)]
+
+
+def new_ledger(execution_id: str = LEDGER) -> Execution:
     return Execution(
-        id=LEDGER,
+        id=execution_id,
         definition_id="ledger",
         active_path=("ledger", "open"),
         context={
@@ -195,6 +201,7 @@ class Relay(_Writer):
             raise Refused("no run of the demonstration in this store")
         self.n = driver.context["n"]
         self.fates = fates(self.n, driver.context["seed"])
+        self.shards = driver.context.get("shards", 1)
         self.phase = driver.context["phase"]
         self.now = driver.context["now"]
         self.delivered = 0
@@ -319,12 +326,13 @@ class Relay(_Writer):
         them at the end of the tick."""
         store = self.store
         event_id, order_id = event[0], event[2]
+        ledger_id = self.ledger_of(order_id)
         tally: dict[str, Any] | None = None
         while True:
-            ledger = store.load(LEDGER)
+            ledger = store.load(ledger_id)
             if ledger is None:
-                raise StoreError(f"{LEDGER} is missing from the store")
-            if store.is_processed(LEDGER, event_id):
+                raise StoreError(f"{ledger_id} is missing from the store")
+            if store.is_processed(ledger_id, event_id):
                 self.redeliveries_skipped += 1
                 break
             if tally is None:
@@ -345,6 +353,10 @@ class Relay(_Writer):
                 continue
             self.retired += 1
             break
+
+    def ledger_of(self, order_id: str) -> str:
+        """The ledger shard that retires ``order_id``."""
+        return shard_id(LEDGER, order_index(order_id) % self.shards, self.shards)
 
     def _tally(self, order_id: str) -> dict[str, Any]:
         store = self.store

@@ -67,6 +67,8 @@ class DemoResult(TypedDict, total=False):
     conflicts: int
     batched: bool  # a durable run's relays wrote with commit_many and the batch acks
     workers: list[WorkerReport]
+    kept: bool  # the finished orders stayed in the store (--keep)
+    shards: int  # shards of each service and of the ledger
 
 
 def store_checks(

@@ -6,8 +6,8 @@ There is no engine in this package, so the workflow is a hand-rolled state machi
     order     new --place--> reserving --reserved--> paying --paid--> fulfilling --join--> completed
               paying --retry--> paying          (re-entry: the payment timer is re-armed)
               paying --timeout--> timed_out     (the reservation is released)
-    inventory one shared execution: answers reserve, counts release
-    payment   one shared execution: batches charges and settles them on its own timer;
+    inventory a shared execution: answers reserve, counts release
+    payment   a shared execution: batches charges and settles them on its own timer;
               a "flaky" card is asked to retry once, a "lost" charge is never answered
     packing   start --> picking --picked--> done                        (region child)
     shipping  start --> awaiting_pickup --timeout--> done               (region child)
@@ -25,6 +25,13 @@ A handler changes only the execution it is handed and returns what the transitio
 it keeps no count of its own, so a host may run it again on a reloaded copy after a
 conflict. What the checks need to count lives in the executions (the payment service's
 ``settlements``, a shipping child's ``missed`` pickups).
+
+The services may be sharded (:attr:`Workflow.shards`): order ``i`` then talks to
+``inventory/k`` and ``payment/k`` with ``k = i % shards``, as an engine partitions a hot
+aggregate. A shared execution takes one transition per event it handles, and no batch
+holds two transitions of one execution, so one shared execution serialises every order
+through it; ``shards`` of them take ``shards`` transitions per batch. With one shard
+(the default) the ids are the plain ``inventory`` and ``payment``.
 """
 
 from __future__ import annotations
@@ -136,16 +143,60 @@ def planned_status(fate: tuple[str, int]) -> str:
     return "timed_out" if fate[0] == "lost" else "completed"
 
 
-def new_services() -> tuple[Execution, Execution]:
-    """The two shared services, as created at the start of a run."""
+def planned_versions(fate: tuple[str, int]) -> tuple[int, int | None, int | None]:
+    """The versions a finished order and its ``packing`` and ``shipping`` children end
+    at (``None``: never created): one commit creates each, then one per event handled.
+    An order handles place, reserved, then timeout (a lost card), or paid (after a
+    retry, with a flaky card) and two region_done; packing handles start and picked,
+    shipping start and one pickup timeout per miss, plus the last."""
+    card, misses = fate
+    if card == "lost":
+        return 4, None, None
+    return 6 + (card == "flaky"), 3, 3 + misses
+
+
+def shard_id(service: str, k: int, shards: int) -> str:
+    """The id of shard ``k`` of ``service`` (the plain name when there is one shard)."""
+    return service if shards == 1 else f"{service}/{k}"
+
+
+def service_ids(shards: int) -> list[str]:
+    """Every shared service's id: the inventory shards, then the payment shards."""
+    return [shard_id(s, k, shards) for s in (INVENTORY, PAYMENT) for k in range(shards)]
+
+
+def new_services(shards: int = 1) -> list[Execution]:
+    """The shared services, as created at the start of a run: the inventory shards,
+    then the payment shards."""
+    inventories, payments = zip(*(_new_services(k, shards) for k in range(shards)), strict=True)
+    return [*inventories, *payments]
+
+
+def merged(services: Sequence[Execution | None]) -> Execution | None:
+    """The shards of one service as one execution whose counts are their sums and whose
+    lists are their concatenations (``None`` when a shard is missing): what the checks
+    read."""
+    if not services or any(s is None for s in services):
+        return None
+    context: dict[str, Any] = {}
+    for service in services:
+        assert service is not None
+        for key, value in service.context.items():
+            context[key] = context[key] + value if key in context else value
+    first = services[0]
+    assert first is not None
+    return Execution(id=first.definition_id, definition_id=first.definition_id, context=context)
+
+
+def _new_services(k: int, shards: int) -> tuple[Execution, Execution]:
     inventory = Execution(
-        id=INVENTORY,
+        id=shard_id(INVENTORY, k, shards),
         definition_id=INVENTORY,
         active_path=(INVENTORY, "open"),
         context={"reservations": 0, "releases": 0, "reserved_items": 0},
     )
     payment = Execution(
-        id=PAYMENT,
+        id=shard_id(PAYMENT, k, shards),
         definition_id=PAYMENT,
         active_path=(PAYMENT, "idle"),
         context={"pending": [], "settled": 0, "lost": 0, "settlements": 0},
@@ -186,6 +237,7 @@ class Workflow:
 
     def __init__(self) -> None:
         self.now = EPOCH
+        self.shards = 1
         self.handlers: dict[str, Callable[[Any, Event], Step]] = {
             "order": self._order,
             INVENTORY: self._inventory,
@@ -202,13 +254,17 @@ class Workflow:
             if kind == "place":
                 exe.active_path = ORDER_RESERVING
                 timer = TimerOp(SCHEDULE, T_RESERVING, now + RESERVE_TIMEOUT)
-                return [(INVENTORY, "reserve", exe.context["items"])], (timer,), ()
+                return (
+                    [(self._shard(INVENTORY, exe), "reserve", exe.context["items"])],
+                    (timer,),
+                    (),
+                )
         elif state == "reserving":
             if kind == "reserved":
                 exe.active_path = ORDER_PAYING
                 timer = TimerOp(SCHEDULE, T_PAYING, now + PAY_TIMEOUT)
                 return (
-                    [(PAYMENT, "charge", (exe.context["card"], 1))],
+                    [(self._shard(PAYMENT, exe), "charge", (exe.context["card"], 1))],
                     (CANCEL_RESERVING, timer),
                     (),
                 )
@@ -237,7 +293,8 @@ class Workflow:
                 attempt = ev[3] + 1
                 exe.context["attempts"] = attempt
                 timer = TimerOp(SCHEDULE, T_PAYING, now + PAY_TIMEOUT)
-                return [(PAYMENT, "charge", (exe.context["card"], attempt))], (timer,), ()
+                charge = (self._shard(PAYMENT, exe), "charge", (exe.context["card"], attempt))
+                return [charge], (timer,), ()
             if kind == "timeout" and ev[3] == T_PAYING:
                 return self._give_up(exe, "payment timeout")
         elif state == "fulfilling":
@@ -254,13 +311,17 @@ class Workflow:
                 return self._give_up(exe, "fulfilment timeout")
         return NOTHING  # not handled in this state: marked processed all the same
 
+    def _shard(self, service: str, order: Execution) -> str:
+        shards = self.shards
+        return service if shards == 1 else f"{service}/{order_index(str(order.id)) % shards}"
+
     def _give_up(self, exe: Execution, why: str) -> Step:
         exe.active_path = ORDER_TIMED_OUT
         exe.status = "timed_out"
         exe.outcome = why
         sends: list[Send] = [(None, "order_finished", "timed_out")]
         if why != "reservation timeout":
-            sends.append((INVENTORY, "release", exe.context["items"]))
+            sends.append((self._shard(INVENTORY, exe), "release", exe.context["items"]))
         return sends, (), ()  # the timer that fired is deleted by the sweeper
 
     def _inventory(self, exe: Execution, ev: Event) -> Step:

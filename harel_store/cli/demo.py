@@ -26,7 +26,7 @@ from typing import Any, cast
 
 from .._demo import DemoResult, DemoStore
 from .._demo import run as run_local
-from .._demo.durable import DEFAULT_ORDERS, Coordinator, default_orders, run_durable
+from .._demo.durable import DEFAULT_ORDERS, SHARDS, Coordinator, default_orders, run_durable
 from .._demo.relay import LEASE, Refused
 from .._env import NO_EXTENSIONS, REQUIRE_EXTENSIONS
 from .._store import IMPLEMENTATION
@@ -118,6 +118,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "they claimed with one commit_many per wave and the batch acks)",
     )
     parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="on a durable store, keep the orders the run finished, with their children, "
+        "marks, commit ids and traces, and the services and the ledger, so that inspect, "
+        "show, prune and copy have something to show after it (default: finished orders "
+        "are forgotten as the run goes); a store holding a kept run takes no new run",
+    )
+    parser.add_argument(
+        "--shards",
+        type=count,
+        metavar="K",
+        default=None,
+        help="on a durable store, split each shared service (inventory, payment) and the "
+        "ledger into K executions, order i going to shard i %% K, so that a batch holds K "
+        f"of their transitions instead of one (default: {SHARDS} when batched, 1 with "
+        "--no-batch; with --resume, the recorded number)",
+    )
+    parser.add_argument(
         "--pure",
         action="store_true",
         help="use the pure-Python store even if the compiled one loads (memory: only)",
@@ -147,6 +165,9 @@ def run(args: argparse.Namespace) -> int:
     url = StoreURL.choose(args.store, "--store", "memory:")
     url.check()
     if url.scheme == "memory":
+        for flag, given in (("--keep", args.keep), ("--shards", args.shards is not None)):
+            if given:
+                raise UsageError(f"{flag} needs a durable store: {url.named} keeps nothing")
         if args.workers is not None:
             raise UsageError(
                 "--workers needs a database the worker processes share: a SQLite file "
@@ -286,11 +307,18 @@ def _durable(args: argparse.Namespace, url: StoreURL) -> int:
                         "is private to one connection; use sqlite:///path.db or "
                         "postgresql://..."
                     )
-                if args.resume:
-                    raise UsageError(
-                        f"--resume needs a database that outlives the process: {where}"
-                    )
-            coord = Coordinator(sheltered, where, batch=not args.no_batch)
+                for flag, given in (("--resume", args.resume), ("--keep", args.keep)):
+                    if given:
+                        raise UsageError(
+                            f"{flag} needs a database that outlives the process: {where}"
+                        )
+            coord = Coordinator(
+                sheltered,
+                where,
+                batch=not args.no_batch,
+                keep=args.keep or None,
+                shards=args.shards,
+            )
             try:
                 coord.open(args.executions, args.seed, args.resume, default_n=default_orders(store))
             except Refused as exc:
@@ -392,9 +420,14 @@ def _finished(result: DemoResult, coord: Coordinator, where: str) -> int:
             file=sys.stderr,
         )
         return 1
+    after = (
+        "it is kept (--keep): a new run needs an empty database"
+        if coord.keep
+        else "without --resume, a new run starts"
+    )
     print(
         f"the run in {where} had finished: {what}, and passed its checks; nothing to "
-        "resume (without --resume, a new run starts)"
+        f"resume ({after})"
     )
     return 0
 
@@ -410,7 +443,9 @@ def _report(result: DemoResult, what: str) -> int:
         f"orders:      {result['orders']:,} ({result['completed']:,} completed, "
         f"{result['timed_out']:,} timed out{earlier})"
     )
-    print(f"executions:  {result['executions']:,} (orders, their region children, 2 services)")
+    shards = result.get("shards", 1)
+    services = "2 services" if shards == 1 else f"2 services in {shards} shards each"
+    print(f"executions:  {result['executions']:,} (orders, their region children, {services})")
     print(
         f"commits:     {result['commits']:,}; events delivered {result['events_delivered']:,}, "
         f"redeliveries skipped {result['redeliveries_skipped']:,}, duplicate spawns skipped "
@@ -426,14 +461,22 @@ def _report(result: DemoResult, what: str) -> int:
             f"run {result['runs']} of the demonstration in this store{note}; CAS conflicts "
             f"retried {result['conflicts']:,}"
         )
-    print(f"peak live executions: {result['peak_live_executions']:,} (finished ones are forgotten)")
+    kept = result.get("kept", False)
+    how = "kept (--keep)" if kept else "finished ones are forgotten"
+    print(f"peak live executions: {result['peak_live_executions']:,} ({how})")
     print(f"store stats at the end: {result['stats']}")
-    forgot = (
-        "the services and the ledger (the driver stays: it records the finished run)"
-        if "resumed" in result
-        else "the two services"
-    )
-    print(f"after forgetting {forgot}: {result['stats_after_forget']}")
+    if kept:
+        print(
+            "kept (--keep): every order with its children, marks, commit ids and trace, "
+            "the services, the ledger and the driver"
+        )
+    else:
+        forgot = (
+            "the services and the ledger (the driver stays: it records the finished run)"
+            if "resumed" in result
+            else "the two services"
+        )
+        print(f"after forgetting {forgot}: {result['stats_after_forget']}")
     for worker in result.get("workers", []):
         if not worker["worker"]:  # the relay of this process
             continue

@@ -1816,10 +1816,12 @@ def bulk_fill(store: SqliteStore, n: int) -> None:
     conn.executemany(
         "INSERT INTO processed (execution_id, event_id) VALUES (?, 'ev')", [(i,) for i in ids]
     )
-    conn.executemany(
-        "INSERT INTO timers (execution_id, path, fire_at) VALUES (?, 'p', ?)",
-        [(i, 1e9 + k) for k, i in enumerate(ids)],
+    conn.executemany(  # seq: arming order, from the work counter (moved past it below)
+        "INSERT INTO timers (execution_id, path, fire_at, seq)"
+        " VALUES (?, 'p', ?, (SELECT n FROM work) + ?)",
+        [(i, 1e9 + k, k + 1) for k, i in enumerate(ids)],
     )
+    conn.execute("UPDATE work SET n = n + ?", (n + 1,))
     conn.executemany(
         "INSERT INTO trace (execution_id, idx, step) VALUES (?, 0, '{}')", [(i,) for i in ids]
     )

@@ -103,3 +103,47 @@ def test_a_v2_database_opens_with_everything_in_it(tmp_path: Path) -> None:
     now = _rows(path, "SELECT seq, target_id, event, lease_until, committed_at FROM outbox")
     assert all(row in now or row[0] in (2, 3, 4, 5, 6) for row in outbox)
     assert set(spawns) <= set(_rows(path, "SELECT * FROM spawns"))
+
+
+def test_version_3_writes_no_index_per_commit_that_only_prune_reads(tmp_path: Path) -> None:
+    """Schema 3: marks and commit ids have no recorded_at index, timers and the ring no
+    index beside their key (the hot path's lookups), and no AUTOINCREMENT on timers."""
+    path = _copy(tmp_path)
+    SqliteStore(path).close()
+    names = {name for (name,) in _rows(path, "SELECT name FROM sqlite_master")}
+    assert (
+        not {"processed_by_recorded_at", "commit_ids_by_recorded_at", "trace_by_execution"} & names
+    )
+    assert not {n for n in names if n.startswith(("old_", "sqlite_autoindex_timers"))}
+    assert _rows(path, "SELECT name FROM sqlite_sequence ORDER BY name") == [
+        ("outbox",),
+        ("spawns",),
+    ]
+    (n,) = _rows(path, "SELECT n FROM work")[0]
+    assert n > max(seq for (seq,) in _rows(path, "SELECT seq FROM timers"))
+
+
+def test_prune_walks_windows_of_keys_young_and_old_mixed(tmp_path: Path) -> None:
+    """Old marks and commit ids between young ones, in key order, with windows smaller than
+    the tables: exactly the old ones go, whichever windows they fall in."""
+    from harel_store.sqlite import _operate
+
+    path = tmp_path / "p.db"
+    with SqliteStore(path) as store:
+        for i in range(30):
+            exe = Execution(id=f"e{i:02d}")
+            for k in range(4):
+                store.commit(exe, [], f"ev{k}", commit_id=f"c{k}")
+        conn = sqlite3.connect(path)
+        with conn:  # every third execution's marks and ids recorded an hour ago
+            for table in ("processed", "commit_ids"):
+                conn.execute(
+                    f"UPDATE {table} SET recorded_at = recorded_at - 3600"
+                    " WHERE CAST(substr(execution_id, 2) AS INTEGER) % 3 = 0"
+                )
+        conn.close()
+        assert _operate.prune(store, 60, batch=7) == {"processed": 40, "commit_ids": 40}
+        assert _operate.prune(store, 60, batch=7) == {"processed": 0, "commit_ids": 0}
+        for i in range(30):
+            assert store.is_processed(f"e{i:02d}", "ev2") is (i % 3 != 0)
+        assert store.stats()["processed"] == 80

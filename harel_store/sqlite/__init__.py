@@ -11,20 +11,23 @@ list whose index is the version it upgrades from, recorded in ``harel_store_sche
 
 - ``executions(id, version, epoch, body)``: the codec's blob beside its broken-out
   ``version`` and the writer ``epoch``.
-- ``outbox(seq, target_id, event, lease_until)`` and ``spawns(seq, parent_id, child_id,
-  root_path, context, lease_until)``: ``seq`` an ``AUTOINCREMENT`` key, so seqs start at 1,
-  are never reused and leave no gap (a refused commit rolls back, allocating nothing).
-- ``processed(execution_id, event_id)``: the dedupe marks.
-- ``timers(seq, execution_id, path, fire_at, lease_until)``: ``seq`` is the arming
-  order; re-arming replaces the row, so it gets a new ``seq`` and no lease.
-- ``trace(n, execution_id, idx, step)`` and ``trace_index(execution_id, next_index,
-  steps)``: the ring, trimmed in SQL, and the per-execution monotonic index. A step is
-  stored as it was handed; ``idx`` is the index it was stamped with, added on read when
-  the step carries no ``"index"`` of its own.
-- ``commit_ids(execution_id, commit_id, digest, version)``: a SHA-256 of the commit's body
-  in the codec's canonical encoding, and the version the commit produced.
+- ``outbox(seq, target_id, event, lease_until, committed_at)`` and ``spawns(seq,
+  parent_id, child_id, root_path, context, lease_until, committed_at)``: ``seq`` an
+  ``AUTOINCREMENT`` key, so seqs start at 1, are never reused and leave no gap (a refused
+  commit rolls back, allocating nothing).
+- ``processed(execution_id, event_id, recorded_at)``: the dedupe marks.
+- ``timers(execution_id, path, fire_at, seq, lease_until)``, keyed by ``(execution_id,
+  path)``: ``seq`` is the arming order, taken from the work counter; re-arming updates
+  the row with a new ``seq`` and no lease.
+- ``trace(execution_id, idx, step)``, keyed by ``(execution_id, idx)``, and
+  ``trace_index(execution_id, next_index, steps)``: the ring, trimmed by deleting one
+  range of indexes, and the per-execution monotonic index. A step is stored as it was
+  handed; ``idx`` is the index it was stamped with, added on read when the step carries
+  no ``"index"`` of its own.
+- ``commit_ids(execution_id, commit_id, digest, version, recorded_at)``: a SHA-256 of the
+  commit's body in the codec's canonical encoding, and the version the commit produced.
 - ``work(n)``: a counter bumped by each commit that enqueues outbox or spawn entries or
-  arms a timer; :meth:`SqliteStore.wait_for_work` polls it.
+  arms timers (by one per timer armed); :meth:`SqliteStore.wait_for_work` polls it.
 
 Every write is one ``BEGIN IMMEDIATE`` transaction: it takes the write lock before it
 reads, so two writers never both read a version and then race to write it, and a busy
@@ -40,7 +43,9 @@ call writes); ``commit`` trims the trace ring by deleting just the overflow;
 ``due_timers``/``claim_due_timers`` walk the ``(fire_at, seq)`` index over the due timers
 only; ``claim_outbox``/``claim_spawns`` walk the seq order over the leased entries they
 skip and the ones they return; ``pending_*`` and ``read_trace`` read what they return;
-``stats`` counts rows, ``O(N)``, about a millisecond per hundred thousand rows.
+``stats`` counts rows, ``O(N)``, about a millisecond per hundred thousand rows;
+``prune`` walks every mark and commit id, a few thousand keys per transaction (no index
+on when they were recorded: no commit pays for one).
 
 The package: :mod:`._schema` (the migrations, the SQL statements, and the schema's check,
 creation and upgrade at open), :mod:`._connection` (the constructor's arguments, the ids

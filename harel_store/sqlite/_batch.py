@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from .._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError
 
 _VARIABLES = 999  # SQLite's lowest limit on bound variables per statement (before 3.32)
-_COMPOUND = 250  # SQLite's lowest limit on the arms of a compound SELECT is 500
+_RANGES = 100  # ranges OR'ed per DELETE: far below SQLite's expression depth limit (1000)
 
 
 class Prepared(NamedTuple):
@@ -34,7 +34,7 @@ class Prepared(NamedTuple):
     step: Any
     commit_id: str | None
     digest: bytes | None
-    armed: bool
+    armed: int  # how many of its timer ops schedule
 
 
 def _chunks(rows: Sequence[Any], width: int) -> Iterator[Sequence[Any]]:
@@ -158,11 +158,16 @@ def _apply(conn: sqlite3.Connection, applied: list[Prepared], trace_max: int | N
             + ")",
             [value for key in chunk for value in key],
         )
-    _insert(
-        conn,
-        "INSERT OR REPLACE INTO timers (execution_id, path, fire_at)",
-        [(eid, path, fire_at) for (eid, path), fire_at in last.items() if fire_at is not None],
-    )
+    armed = [(eid, path, fire_at) for (eid, path), fire_at in last.items() if fire_at is not None]
+    if armed:  # seqs in arming order, after every seq given before (see _schema._ARM)
+        (n,) = conn.execute("SELECT n FROM work").fetchone()
+        _insert(
+            conn,
+            "INSERT INTO timers (execution_id, path, fire_at, seq)",
+            [(*timer, n + 1 + k) for k, timer in enumerate(armed)],
+            " ON CONFLICT (execution_id, path) DO UPDATE"
+            " SET fire_at = excluded.fire_at, seq = excluded.seq, lease_until = 0",
+        )
     _insert(
         conn,
         "INSERT INTO spawns (parent_id, child_id, root_path, context)",
@@ -176,8 +181,8 @@ def _apply(conn: sqlite3.Connection, applied: list[Prepared], trace_max: int | N
         "INSERT INTO commit_ids (execution_id, commit_id, digest, version)",
         [(p.eid, p.commit_id, p.digest, p.version + 1) for p in applied if p.digest is not None],
     )
-    if any(p.events or p.born or p.armed for p in applied):
-        conn.execute("UPDATE work SET n = n + 1")
+    if armed or any(p.events or p.born for p in applied):
+        conn.execute("UPDATE work SET n = n + ?", (len(armed) or 1,))
 
 
 def _push_steps(conn: sqlite3.Connection, stepped: list[Prepared], keep: int | None) -> None:
@@ -199,18 +204,16 @@ def _push_steps(conn: sqlite3.Connection, stepped: list[Prepared], keep: int | N
         steps += 1
         steps_rows.append((p.eid, index, p.step))
         if keep and steps > keep:
-            overflow.append((p.eid, steps - keep))
+            overflow.append((p.eid, index - keep))
             steps = keep
         ring_rows.append((p.eid, index + 1, steps))
     _insert(conn, "INSERT INTO trace (execution_id, idx, step)", steps_rows)
-    for start in range(0, len(overflow), _COMPOUND):
-        chunk = overflow[start : start + _COMPOUND]
-        arms = " UNION ALL ".join(
-            ["SELECT n FROM (SELECT n FROM trace WHERE execution_id = ? ORDER BY n LIMIT ?)"]
-            * len(chunk)
-        )
+    for start in range(0, len(overflow), _RANGES):  # a ring's indexes are consecutive: a range
+        chunk = overflow[start : start + _RANGES]
         conn.execute(
-            f"DELETE FROM trace WHERE n IN ({arms})", [value for pair in chunk for value in pair]
+            "DELETE FROM trace WHERE "
+            + " OR ".join(["execution_id = ? AND idx <= ?"] * len(chunk)),
+            [value for pair in chunk for value in pair],
         )
     _insert(
         conn,

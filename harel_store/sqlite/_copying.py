@@ -13,7 +13,7 @@ from .._records import OutboxEntry, SpawnEntry
 from .._transfer import durable_row_keys
 from ._schema import (
     _BATCH,
-    _BUMP,
+    _BUMP_BY,
     _DUMP_TOTAL,
     _HELD,
     _HELD_KEYS,
@@ -46,7 +46,7 @@ def dump_rows(conn: sqlite3.Connection, codec: Any, canonical: Any) -> Iterator[
     ):
         yield ("commit", eid, commit_id, version, Digest(bytes(digest), canonical))
     # The rings: trace_index and trace, both in execution id order, merged.
-    steps = conn.execute("SELECT execution_id, idx, step FROM trace ORDER BY execution_id, n")
+    steps = conn.execute("SELECT execution_id, idx, step FROM trace ORDER BY execution_id, idx")
     row = steps.fetchone()
     for eid, next_index in conn.execute(
         "SELECT execution_id, next_index FROM trace_index ORDER BY execution_id"
@@ -88,11 +88,15 @@ def write_rows(conn: sqlite3.Connection, rows: Iterable[tuple[str, tuple[Any, ..
             batch.clear()
 
     seqs: tuple[int, int] = (0, 0)
+    timers = 0
     for kind, row in rows:
         if kind == "seqs":
             seqs = row
         else:
             durable_row_keys(kind, row)
+            if kind == "timer":  # its place in arming order: its seq (see _RESTORE_TIMER)
+                timers += 1
+                row = (*row, timers)
             add(_RESTORE[kind], row)
     for sql, batch in batches.items():
         if batch:
@@ -105,5 +109,5 @@ def write_rows(conn: sqlite3.Connection, rows: Iterable[tuple[str, tuple[Any, ..
         "SELECT EXISTS (SELECT 1 FROM outbox) OR EXISTS (SELECT 1 FROM spawns)"
         " OR EXISTS (SELECT 1 FROM timers)"
     ).fetchone()[0]
-    if work:
-        conn.execute(_BUMP)
+    if work:  # waiting relays wake up; the counter moves past the timers' seqs
+        conn.execute(_BUMP_BY, (timers + 1,))

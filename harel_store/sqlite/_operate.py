@@ -11,7 +11,7 @@ import sqlite3
 from typing import Any
 
 from .. import _checks, _operate
-from ._connection import _begin, _closed, _id, _read_failed, _rollback, _write_failed
+from ._connection import _closed, _id, _read_failed
 
 _log = logging.getLogger("harel_store.sqlite")
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -71,7 +71,7 @@ MIGRATION: tuple[str, ...] = (
     "CREATE INDEX outbox_leases ON outbox (lease_until) WHERE lease_until > 0",
     "CREATE INDEX spawns_leases ON spawns (lease_until) WHERE lease_until > 0",
     "CREATE INDEX timers_leases ON timers (lease_until) WHERE lease_until > 0",
-    "CREATE INDEX processed_by_recorded_at ON processed (recorded_at)",
+    "CREATE INDEX processed_by_recorded_at ON processed (recorded_at)",  # gone in version 3
     "CREATE INDEX commit_ids_by_recorded_at ON commit_ids (recorded_at)",
 )
 
@@ -93,13 +93,9 @@ _OVERVIEW = (
 )
 _LIST = "SELECT id FROM executions WHERE id > ? ORDER BY id LIMIT ?"
 _LIST_FIRST = "SELECT id FROM executions ORDER BY id LIMIT ?"
-_PRUNE = {
-    table: (
-        f"DELETE FROM {table} WHERE (execution_id, {key}) IN (SELECT execution_id, {key}"
-        f" FROM {table} WHERE recorded_at < {NOW} - ? ORDER BY recorded_at LIMIT ?)"
-    )
-    for table, key in (("processed", "event_id"), ("commit_ids", "commit_id"))
-}
+# Prune walks a table's keys a window at a time: no index on recorded_at for every commit
+# to write (schema 3), and each transaction reads one window of rows.
+_KEYS = {"processed": "event_id", "commit_ids": "commit_id"}
 _SHOW = {
     "epoch": "SELECT epoch FROM executions WHERE id = ?",
     "outbox": "SELECT seq, event, lease_until, committed_at FROM outbox WHERE target_id = ?"
@@ -155,29 +151,35 @@ def prune(store: Any, older_than: Any, batch: int = _operate.PRUNE_BATCH) -> dic
     older_than = _operate.as_older_than(older_than)
     deleted = dict.fromkeys(_operate.PRUNE_KEYS, 0)
     for table in _operate.PRUNE_KEYS:
+        after: tuple[Any, Any] | None = None
         while True:
-            n = _delete(store, _PRUNE[table], (older_than, batch))
+            n, after = _prune_window(store, table, older_than, after, batch)
             deleted[table] += n
-            if n < batch:
+            if after is None:
                 break
     return deleted
 
 
-def _delete(store: Any, sql: str, params: tuple[Any, ...]) -> int:
-    with store._lock:
-        conn = store._conn
-        if conn is None:
-            raise _closed()
-        _begin(conn, store._path)
-        try:
-            n = conn.execute(sql, params).rowcount
-            conn.execute("COMMIT")
-        except BaseException as exc:
-            _rollback(conn)
-            if isinstance(exc, sqlite3.Error):
-                raise _write_failed(store._path, exc) from exc
-            raise
-    return int(n)
+def _prune_window(
+    store: Any, table: str, older_than: float, after: Any, batch: int
+) -> tuple[int, Any]:
+    """In one transaction, delete the rows recorded more than ``older_than`` seconds ago
+    among the ``batch`` keys of ``table`` that follow ``after`` (from the first key when
+    ``None``): how many, and the last key of the window (``None`` when it was the last)."""
+    key = f"(execution_id, {_KEYS[table]})"
+    start = "" if after is None else f" AND {key} > (?, ?)"
+    with store._transaction() as conn:
+        end = conn.execute(
+            f"SELECT execution_id, {_KEYS[table]} FROM {table} WHERE 1{start}"
+            f" ORDER BY execution_id, {_KEYS[table]} LIMIT 1 OFFSET ?",
+            (*(after or ()), batch - 1),
+        ).fetchone()
+        stop = "" if end is None else f" AND {key} <= (?, ?)"
+        n = conn.execute(
+            f"DELETE FROM {table} WHERE recorded_at < {NOW} - ?{start}{stop}",
+            (older_than, *(after or ()), *(end or ())),
+        ).rowcount
+    return int(n), None if end is None else tuple(end)
 
 
 def show(store: Any, execution_id: Any) -> dict[str, Any] | None:

@@ -68,12 +68,64 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "INSERT INTO work (id, n) VALUES (1, 0)",
     ),
     _operate.MIGRATION,
+    # 2 -> 3: fewer pages and statements per commit (issue 27 item 7). Timers and the trace
+    # ring are keyed by what the hot path looks them up by (WITHOUT ROWID: no separate
+    # index to write); a timer's seq, its arming order, is taken from the work counter
+    # (which every arming bumps) instead of an AUTOINCREMENT, so the counter first moves
+    # past every seq kept. Marks and commit ids lose their recorded_at indexes: prune walks
+    # the keys instead, and no commit writes an index for it.
+    (
+        "ALTER TABLE timers RENAME TO old_timers",
+        (
+            "CREATE TABLE timers ("
+            " execution_id TEXT NOT NULL, path TEXT NOT NULL, fire_at REAL NOT NULL,"
+            " seq INTEGER NOT NULL, lease_until REAL NOT NULL DEFAULT 0,"
+            " PRIMARY KEY (execution_id, path)) WITHOUT ROWID"
+        ),
+        (
+            "INSERT INTO timers (execution_id, path, fire_at, seq, lease_until)"
+            " SELECT execution_id, path, fire_at, seq, lease_until FROM old_timers"
+        ),
+        "DROP TABLE old_timers",
+        "CREATE INDEX timers_by_fire_at ON timers (fire_at, seq)",
+        "CREATE INDEX timers_leases ON timers (lease_until) WHERE lease_until > 0",
+        "UPDATE work SET n = max(n, (SELECT coalesce(max(seq), 0) FROM timers)) + 1",
+        "ALTER TABLE trace RENAME TO old_trace",
+        (
+            "CREATE TABLE trace ("
+            " execution_id TEXT NOT NULL, idx INTEGER NOT NULL, step BLOB NOT NULL,"
+            " PRIMARY KEY (execution_id, idx)) WITHOUT ROWID"
+        ),
+        "INSERT INTO trace (execution_id, idx, step) SELECT execution_id, idx, step FROM old_trace",
+        "DROP TABLE old_trace",
+        "DROP INDEX processed_by_recorded_at",
+        "DROP INDEX commit_ids_by_recorded_at",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
-# What the migrations make, by name: a database at SCHEMA_VERSION must hold all of it.
-SCHEMA_OBJECTS = frozenset(
-    sql.split()[2] for step in MIGRATIONS for sql in step if sql.startswith("CREATE ")
-)
+
+
+def _objects() -> frozenset[str]:
+    """What the migrations leave, by name: a database at SCHEMA_VERSION must hold all of
+    it. A table's indexes go with it when it is renamed or dropped."""
+    tables: set[str] = set()
+    indexes: dict[str, str] = {}  # index -> its table
+    for step in MIGRATIONS:
+        for sql in step:
+            words = sql.split()
+            if words[:2] == ["CREATE", "TABLE"]:
+                tables.add(words[2])
+            elif words[:2] == ["CREATE", "INDEX"]:
+                indexes[words[2]] = words[4]
+            elif words[:2] == ["DROP", "INDEX"]:
+                del indexes[words[2]]
+            elif words[:2] == ["DROP", "TABLE"] or words[3:5] == ["RENAME", "TO"]:
+                tables.discard(words[2])  # renamed: "old_..." only ever to be dropped
+                indexes = {name: t for name, t in indexes.items() if t != words[2]}
+    return frozenset(tables | set(indexes))
+
+
+SCHEMA_OBJECTS = _objects()
 
 _CAS = "UPDATE executions SET version = ?, body = ? WHERE id = ? AND version = ?"
 _CAS_EPOCH = (
@@ -85,14 +137,23 @@ _LOAD = "SELECT version, body FROM executions WHERE id = ?"
 _INSERT = "INSERT INTO executions (id, version, epoch, body) VALUES (?, ?, ?, ?)"
 _EMIT = "INSERT INTO outbox (target_id, event) VALUES (?, ?)"
 _MARK = "INSERT OR IGNORE INTO processed (execution_id, event_id) VALUES (?, ?)"
-_ARM = "INSERT OR REPLACE INTO timers (execution_id, path, fire_at) VALUES (?, ?, ?)"
+# A timer's seq: the work counter, which the commit moved on by its number of armings
+# first; the k-th from the end gets n - k.
+_ARM = (
+    "INSERT INTO timers (execution_id, path, fire_at, seq)"
+    " VALUES (?, ?, ?, (SELECT n FROM work) - ?)"
+    " ON CONFLICT (execution_id, path) DO UPDATE"
+    " SET fire_at = excluded.fire_at, seq = excluded.seq, lease_until = 0"
+)
 _DISARM = "DELETE FROM timers WHERE execution_id = ? AND path = ?"
 _SPAWN = "INSERT INTO spawns (parent_id, child_id, root_path, context) VALUES (?, ?, ?, ?)"
 _DONE = "SELECT digest, version FROM commit_ids WHERE execution_id = ? AND commit_id = ?"
 _RECORD = "INSERT INTO commit_ids (execution_id, commit_id, digest, version) VALUES (?, ?, ?, ?)"
 _BUMP = "UPDATE work SET n = n + 1"
+_BUMP_BY = "UPDATE work SET n = n + ?"
 _WORK = "SELECT n FROM work"
 _TRACE_INDEX = "SELECT next_index, steps FROM trace_index WHERE execution_id = ?"
+_TRIM = "DELETE FROM trace WHERE execution_id = ? AND idx <= ?"
 _FORGET = tuple(
     f"DELETE FROM {table} WHERE {column} = ?"
     for table, column in (
@@ -123,10 +184,10 @@ _CLAIM = {
     ),
 }
 _CLAIM_TIMERS = (
-    "SELECT seq, execution_id, path, fire_at FROM timers"
+    "SELECT execution_id, path, fire_at FROM timers"
     " WHERE fire_at <= ? AND lease_until <= ? ORDER BY fire_at, seq LIMIT ?"
 )
-_LEASE_TIMER = "UPDATE timers SET lease_until = ? WHERE seq = ?"
+_LEASE_TIMER = "UPDATE timers SET lease_until = ? WHERE execution_id = ? AND path = ?"
 
 
 # Copying (SqliteStore._dump and _restore): the tables a copy reads and writes, and the
@@ -144,7 +205,11 @@ _SEQ_UPDATE = "UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = ?"
 _RESTORE_MARK = "INSERT INTO processed (execution_id, event_id) VALUES (?, ?)"
 _RESTORE_STEP = "INSERT INTO trace (execution_id, idx, step) VALUES (?, ?, ?)"
 _RESTORE_RING = "INSERT INTO trace_index (execution_id, next_index, steps) VALUES (?, ?, ?)"
-_RESTORE_TIMER = "INSERT INTO timers (execution_id, path, fire_at) VALUES (?, ?, ?)"
+# Timers in arming order, each with its place k: seq = the counter + k (moved on after).
+_RESTORE_TIMER = (
+    "INSERT INTO timers (execution_id, path, fire_at, seq)"
+    " VALUES (?, ?, ?, (SELECT n FROM work) + ?)"
+)
 _RESTORE_EMIT = "INSERT INTO outbox (seq, target_id, event) VALUES (?, ?, ?)"
 _RESTORE_SPAWN = (
     "INSERT INTO spawns (seq, parent_id, child_id, root_path, context) VALUES (?, ?, ?, ?, ?)"

@@ -30,6 +30,7 @@ from ._connection import (
 from ._schema import (
     _ARM,
     _BUMP,
+    _BUMP_BY,
     _CAS,
     _CAS_EPOCH,
     _CLAIM,
@@ -47,6 +48,7 @@ from ._schema import (
     _STATS,
     _STATS_KEYS,
     _TRACE_INDEX,
+    _TRIM,
     _prepare,
     _work_counter,
 )
@@ -254,16 +256,20 @@ class SqliteStore(_transfer.Uncopyable):
                     conn.executemany(_EMIT, events)
             if p.mark is not None:
                 conn.execute(_MARK, (eid, p.mark))
+            armed = p.armed
+            if armed:  # the counter first: each arming takes its seq from it (_ARM)
+                conn.execute(_BUMP_BY, (armed,))
             for action, path, fire_at in p.timers:
                 if action == "schedule":
-                    conn.execute(_ARM, (eid, path, fire_at))
+                    armed -= 1
+                    conn.execute(_ARM, (eid, path, fire_at, armed))
                 else:
                     conn.execute(_DISARM, (eid, path))
             if p.born:
                 conn.executemany(_SPAWN, p.born)
             if p.step is not None:
                 self._push_step(conn, eid, p.step)
-            if events or p.born or p.armed:
+            if (events or p.born) and not p.armed:
                 conn.execute(_BUMP)
             _checks.set_version(exe, new)
 
@@ -308,11 +314,10 @@ class SqliteStore(_transfer.Uncopyable):
         ]
         step = None if body.trace is None else encode(body.trace, "the trace step")
         digest = None if commit_id is None else self._digest(body, commit_id)
-        armed = False
+        armed = 0
         for op in body.timers:
             if op[0] == "schedule":
-                armed = True
-                break
+                armed += 1
 
         return _batch.Prepared(
             exe, eid, version, blob, epoch, events, body.processed_event_id, body.timers, born,
@@ -501,12 +506,12 @@ class SqliteStore(_transfer.Uncopyable):
             clock = self._now()  # under the write lock: waiting for it takes no lease time
             rows = conn.execute(_CLAIM_TIMERS, (now, clock, limit)).fetchall()
             if rows:
-                taken = _operate.taken_over(conn, "timers", clock, rows[-1][3])
+                taken = _operate.taken_over(conn, "timers", clock, rows[-1][2])
                 until = clock + lease
-                conn.executemany(_LEASE_TIMER, [(until, row[0]) for row in rows])
+                conn.executemany(_LEASE_TIMER, [(until, row[0], row[1]) for row in rows])
         if taken:
             _operate.log_takeover(self._path, "timers", taken)
-        return [row[1:] for row in rows]
+        return rows
 
     def delete_timer(self, execution_id: str, path: str, fire_at: float) -> None:
         """Disarm the timer only if it still fires at ``fire_at``, so a sweep that read it
@@ -542,7 +547,7 @@ class SqliteStore(_transfer.Uncopyable):
             raise _closed()
         _id(execution_id, "execution_id")
         rows = self._read(
-            "SELECT idx, step FROM trace WHERE execution_id = ? ORDER BY n", (execution_id,)
+            "SELECT idx, step FROM trace WHERE execution_id = ? ORDER BY idx", (execution_id,)
         )
         decode = self._codec.decode_value
         steps = []
@@ -789,12 +794,8 @@ class SqliteStore(_transfer.Uncopyable):
             "INSERT INTO trace (execution_id, idx, step) VALUES (?, ?, ?)", (eid, index, data)
         )
         keep = self._trace_max
-        if keep and steps > keep:
-            conn.execute(
-                "DELETE FROM trace WHERE n IN"
-                " (SELECT n FROM trace WHERE execution_id = ? ORDER BY n LIMIT ?)",
-                (eid, steps - keep),
-            )
+        if keep and steps > keep:  # the ring's indexes are consecutive: one range
+            conn.execute(_TRIM, (eid, index - keep))
             steps = keep
         if row is None:
             conn.execute(

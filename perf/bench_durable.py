@@ -229,16 +229,18 @@ def side_sql(target: str, env: Env, db: str) -> Iterator[Callable[[str, tuple[An
 
 def build_commit_db(target: str, env: Env, sizes: Sizes) -> None:
     """``sizes.executions`` executions, each with an armed ``root/wait`` timer, and full
-    trace rings for ``exe-0`` (the typical commit's), ``exe-1`` and ``exe-2`` (the two
-    writers'): the store of ``bench_store.py``'s typical commit, on disk."""
+    trace rings for ``exe-0`` (the typical commit's) and every execution that a batch or
+    a task of the batch cases commits to (the two writers' among them): the store of
+    ``bench_store.py``'s typical commit, on disk, whose step goes into a full ring
+    whichever execution takes it."""
     store = open_harel(target, env, commit_db(target), sizes)
     with store:
         for i in range(sizes.executions):
             exe = Execution(id=f"exe-{i}", definition_id="order")
             store.commit(exe, (), timers=[TimerOp("schedule", "root/wait", LATER + i)])
-        for eid in ("exe-0", "exe-1", "exe-2"):
+        for i in range(min(max(BATCH, TASKS), sizes.executions)):
             for _ in range(sizes.trace_max):
-                store.append_trace(eid, STEP)
+                store.append_trace(f"exe-{i}", STEP)
 
 
 def build_big_db(target: str, env: Env, n: int, due: int, kind: str = "big") -> None:
@@ -444,22 +446,25 @@ TASKS = 32  # concurrent tasks in commit_typical_tasks_32
 
 def time_commit_typical_batch(loops: int, target: str, env: Env, sizes: Sizes) -> float:
     """``commit_typical``'s commit, one for each of ``exe-0`` to ``exe-99`` (two commits
-    of one execution cannot share a batch), written ``BATCH`` at a time with one
-    ``commit_many``: time per commit. The commits are built before the clock starts, as
-    ``commit_typical``'s arguments are."""
+    of one execution cannot share a batch; each steps into a full ring, as ``exe-0``'s
+    does), written with one ``commit_many`` of ``BATCH`` per loop (inner_loops=``BATCH``:
+    every batch is whole): time per commit. The commits are built before the clock
+    starts, as ``commit_typical``'s arguments are."""
     reset_commit_db(target, env)
     size = min(BATCH, sizes.executions)
     store = open_harel(target, env, commit_db(target), sizes)
     with store:
         exes = [store.load(f"exe-{i}") for i in range(size)]
+        if any(len(store.read_trace(e.id)) != sizes.trace_max for e in exes):
+            raise RuntimeError("commit_typical_batch: the rings are not full")
         tag = uuid.uuid4().hex[:8]
-        work = [(f"{e}-{tag}", r) for e, r in typical_work(loops)]
+        work = [(f"{e}-{tag}", r) for e, r in typical_work(loops * size)]
         batches = [
             [
                 harel_store.Commit(exes[j], EMITS, event_id, rearm, SPAWNS, STEP)
                 for j, (event_id, rearm) in enumerate(work[k : k + size])
             ]
-            for k in range(0, loops, size)
+            for k in range(0, loops * size, size)
         ]
         commit_many = store.commit_many
         settle()
@@ -1385,6 +1390,7 @@ def cases(targets: tuple[str, ...], env: Env, sizes: Sizes, peers: bool) -> list
                 h + "commit_typical_batch",
                 time_commit_typical_batch,
                 a,
+                min(BATCH, sizes.executions),
                 per=f"commit, in batches of {min(BATCH, sizes.executions)}",
             ),
             Case(h + "commit_typical_tasks_1", time_commit_typical_tasks, (*a, 1), per="commit"),

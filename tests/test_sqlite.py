@@ -1825,7 +1825,7 @@ def bulk_fill(store: SqliteStore, n: int) -> None:
     conn.executemany(
         "INSERT INTO trace (execution_id, idx, step) VALUES (?, 0, '{}')", [(i,) for i in ids]
     )
-    conn.executemany("INSERT INTO trace_index VALUES (?, 1, 1)", [(i,) for i in ids])
+    conn.executemany("INSERT INTO trace_index VALUES (?, 1)", [(i,) for i in ids])
     conn.execute("COMMIT")
 
 

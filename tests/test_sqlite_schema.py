@@ -147,3 +147,32 @@ def test_prune_walks_windows_of_keys_young_and_old_mixed(tmp_path: Path) -> None
         for i in range(30):
             assert store.is_processed(f"e{i:02d}", "ev2") is (i % 3 != 0)
         assert store.stats()["processed"] == 80
+
+
+def test_a_ring_numbers_on_from_its_last_step_or_a_copied_empty_rings_index() -> None:
+    """Schema 4: no step writes its ring's row. The next index follows the ring's last
+    step; a ring copied in empty keeps its next index in its row; a commit, a batch and
+    append_trace all number alike, and a copy out says the same."""
+    from harel_store import Commit
+
+    with SqliteStore(":memory:", trace_max=3) as store:
+        store._restore([
+            ("trace", "ghost", 7, []), ("trace", "ghost2", 4, []),
+            ("trace", "full", 9, [{"a": 1}, {"a": 2}]), ("seqs", 0, 0),
+        ])  # fmt: skip
+        store.append_trace("ghost", {"x": 1})
+        store.commit(Execution(id="full"), [], trace={"x": 1})
+        assert store.commit_many([
+            Commit(Execution(id="ghost2"), trace={"y": 1}),
+            Commit(Execution(id="full", version=1), trace={"y": 1}),
+            Commit(Execution(id="fresh"), trace={"y": 1}),
+        ]) == [None, None, None]  # fmt: skip
+        store.commit(Execution(id="fresh", version=1), [], trace={"z": 1})
+        indexes = {
+            eid: [step["index"] for step in store.read_trace(eid)]
+            for eid in ("ghost", "ghost2", "full", "fresh")
+        }
+        assert indexes == {"ghost": [7], "ghost2": [4], "full": [8, 9, 10], "fresh": [0, 1]}
+        rings = {r[1]: r[2] for r in store._dump() if r[0] == "trace"}
+        assert rings == {"fresh": 2, "full": 11, "ghost": 8, "ghost2": 5}
+        assert store.stats()["traces"] == 4

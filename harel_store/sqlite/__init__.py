@@ -20,10 +20,11 @@ list whose index is the version it upgrades from, recorded in ``harel_store_sche
   path)``: ``seq`` is the arming order, taken from the work counter; re-arming updates
   the row with a new ``seq`` and no lease.
 - ``trace(execution_id, idx, step)``, keyed by ``(execution_id, idx)``, and
-  ``trace_index(execution_id, next_index, steps)``: the ring, trimmed by deleting one
-  range of indexes, and the per-execution monotonic index. A step is stored as it was
-  handed; ``idx`` is the index it was stamped with, added on read when the step carries
-  no ``"index"`` of its own.
+  ``trace_index(execution_id, next_index)``: the ring, whose indexes are consecutive, so
+  a step takes the index after the ring's last one and the trim deletes one range; and a
+  row per ring, holding the index of its next step while it holds none (``0``, or a
+  copied ring's). A step is stored as it was handed; ``idx`` is the index it was stamped
+  with, added on read when the step carries no ``"index"`` of its own.
 - ``commit_ids(execution_id, commit_id, digest, version, recorded_at)``: a SHA-256 of the
   commit's body in the codec's canonical encoding, and the version the commit produced.
 - ``work(n)``: a counter bumped by each commit that enqueues outbox or spawn entries or

@@ -188,25 +188,40 @@ def _apply(conn: sqlite3.Connection, applied: list[Prepared], trace_max: int | N
 def _push_steps(conn: sqlite3.Connection, stepped: list[Prepared], keep: int | None) -> None:
     """Append one step to the ring of each execution and trim each ring to ``keep``,
     deleting only the overflow (the oldest steps, by the ring's index)."""
-    rings = {
-        eid: (index, steps)
-        for eid, index, steps in _select_in(
+    ids = [p.eid for p in stepped]
+    rings: dict[str, tuple[int, int]] = {}  # a ring's first and last index
+    for chunk in _chunks(ids, 1):
+        rows = conn.execute(
+            "SELECT e.column1, (SELECT min(idx) FROM trace WHERE execution_id = e.column1),"
+            " (SELECT max(idx) FROM trace WHERE execution_id = e.column1) FROM (VALUES "
+            + ", ".join(["(?)"] * len(chunk))
+            + ") AS e",
+            chunk,
+        )
+        rings.update((eid, (first, last)) for eid, first, last in rows if last is not None)
+    empty = {  # a ring with no step: one copied in empty, or none yet (next index 0)
+        eid: index
+        for eid, index in _select_in(
             conn,
-            "SELECT execution_id, next_index, steps FROM trace_index WHERE execution_id IN ({})",
-            [p.eid for p in stepped],
+            "SELECT execution_id, next_index FROM trace_index WHERE execution_id IN ({})",
+            [eid for eid in ids if eid not in rings],
         )
     }
     steps_rows = []
-    ring_rows = []
     overflow = []
+    new_rings = []
     for p in stepped:
-        index, steps = rings.get(p.eid, (0, 0))
-        steps += 1
+        ring = rings.get(p.eid)
+        if ring is not None:  # its indexes are consecutive
+            first, index = ring[0], ring[1] + 1
+        else:
+            if p.eid not in empty:
+                new_rings.append((p.eid, 0))
+            first = index = empty.get(p.eid, 0)
         steps_rows.append((p.eid, index, p.step))
-        if keep and steps > keep:
+        if keep and index - first >= keep:
             overflow.append((p.eid, index - keep))
-            steps = keep
-        ring_rows.append((p.eid, index + 1, steps))
+    _insert(conn, "INSERT INTO trace_index (execution_id, next_index)", new_rings)
     _insert(conn, "INSERT INTO trace (execution_id, idx, step)", steps_rows)
     for start in range(0, len(overflow), _RANGES):  # a ring's indexes are consecutive: a range
         chunk = overflow[start : start + _RANGES]
@@ -215,10 +230,3 @@ def _push_steps(conn: sqlite3.Connection, stepped: list[Prepared], keep: int | N
             + " OR ".join(["execution_id = ? AND idx <= ?"] * len(chunk)),
             [value for pair in chunk for value in pair],
         )
-    _insert(
-        conn,
-        "INSERT INTO trace_index (execution_id, next_index, steps)",
-        ring_rows,
-        " ON CONFLICT (execution_id) DO UPDATE SET next_index = excluded.next_index,"
-        " steps = excluded.steps",
-    )

@@ -59,6 +59,7 @@ def dump_rows(conn: sqlite3.Connection, codec: Any, canonical: Any) -> Iterator[
             if "index" not in step:
                 step["index"] = row[1]
             ring.append(step)
+            next_index = row[1] + 1  # past the last step (an empty ring: its row's)
             row = steps.fetchone()
         yield ("trace", eid, next_index, ring)
     steps.close()
@@ -97,6 +98,8 @@ def write_rows(conn: sqlite3.Connection, rows: Iterable[tuple[str, tuple[Any, ..
             if kind == "timer":  # its place in arming order: its seq (see _RESTORE_TIMER)
                 timers += 1
                 row = (*row, timers)
+            elif kind == "trace":  # (execution id, next index, steps): the steps say the rest
+                row = row[:2]
             add(_RESTORE[kind], row)
     for sql, batch in batches.items():
         if batch:

@@ -101,6 +101,21 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "DROP INDEX processed_by_recorded_at",
         "DROP INDEX commit_ids_by_recorded_at",
     ),
+    # 3 -> 4: a step no longer writes its ring's row: the next index follows the ring's
+    # last step (its indexes are consecutive), and the row keeps only what an empty ring
+    # needs, the index its first step gets (a ring copied in empty keeps its next index).
+    (
+        "ALTER TABLE trace_index RENAME TO old_trace_index",
+        (
+            "CREATE TABLE trace_index ("
+            " execution_id TEXT PRIMARY KEY, next_index INTEGER NOT NULL) WITHOUT ROWID"
+        ),
+        (
+            "INSERT INTO trace_index (execution_id, next_index)"
+            " SELECT execution_id, next_index FROM old_trace_index"
+        ),
+        "DROP TABLE old_trace_index",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -152,7 +167,15 @@ _RECORD = "INSERT INTO commit_ids (execution_id, commit_id, digest, version) VAL
 _BUMP = "UPDATE work SET n = n + 1"
 _BUMP_BY = "UPDATE work SET n = n + ?"
 _WORK = "SELECT n FROM work"
-_TRACE_INDEX = "SELECT next_index, steps FROM trace_index WHERE execution_id = ?"
+# A ring's first and last index (each found at one end of the key), and an empty ring's
+# next index.
+_RING = (
+    "SELECT (SELECT min(idx) FROM trace WHERE execution_id = ?),"
+    " (SELECT max(idx) FROM trace WHERE execution_id = ?)"
+)
+_TRACE_INDEX = "SELECT next_index FROM trace_index WHERE execution_id = ?"
+_NEW_RING = "INSERT INTO trace_index (execution_id, next_index) VALUES (?, ?)"
+_STEP = "INSERT INTO trace (execution_id, idx, step) VALUES (?, ?, ?)"
 _TRIM = "DELETE FROM trace WHERE execution_id = ? AND idx <= ?"
 _FORGET = tuple(
     f"DELETE FROM {table} WHERE {column} = ?"
@@ -204,7 +227,7 @@ _LAST_SEQS = "SELECT name, seq FROM sqlite_sequence WHERE name IN ('outbox', 'sp
 _SEQ_UPDATE = "UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = ?"
 _RESTORE_MARK = "INSERT INTO processed (execution_id, event_id) VALUES (?, ?)"
 _RESTORE_STEP = "INSERT INTO trace (execution_id, idx, step) VALUES (?, ?, ?)"
-_RESTORE_RING = "INSERT INTO trace_index (execution_id, next_index, steps) VALUES (?, ?, ?)"
+_RESTORE_RING = "INSERT INTO trace_index (execution_id, next_index) VALUES (?, ?)"
 # Timers in arming order, each with its place k: seq = the counter + k (moved on after).
 _RESTORE_TIMER = (
     "INSERT INTO timers (execution_id, path, fire_at, seq)"

@@ -44,9 +44,12 @@ from ._schema import (
     _LEASE_TIMER,
     _LOAD,
     _MARK,
+    _NEW_RING,
+    _RING,
     _SPAWN,
     _STATS,
     _STATS_KEYS,
+    _STEP,
     _TRACE_INDEX,
     _TRIM,
     _prepare,
@@ -788,24 +791,18 @@ class SqliteStore(_transfer.Uncopyable):
     def _push_step(self, conn: sqlite3.Connection, eid: str, data: Any) -> None:
         """Append an encoded step to the ring of ``eid`` and trim the ring to
         ``trace_max``, deleting only the overflow."""
-        row = conn.execute(_TRACE_INDEX, (eid,)).fetchone()
-        index, steps = (0, 1) if row is None else (row[0], row[1] + 1)
-        conn.execute(
-            "INSERT INTO trace (execution_id, idx, step) VALUES (?, ?, ?)", (eid, index, data)
-        )
+        first, last = conn.execute(_RING, (eid, eid)).fetchone()
+        if last is not None:  # the ring's indexes are consecutive
+            index = last + 1
+        else:  # an empty ring: a new one, or one copied in empty
+            row = conn.execute(_TRACE_INDEX, (eid,)).fetchone()
+            if row is None:
+                conn.execute(_NEW_RING, (eid, 0))
+            first = index = 0 if row is None else row[0]
+        conn.execute(_STEP, (eid, index, data))
         keep = self._trace_max
-        if keep and steps > keep:  # the ring's indexes are consecutive: one range
+        if keep and index - first >= keep:  # one range: the overflow
             conn.execute(_TRIM, (eid, index - keep))
-            steps = keep
-        if row is None:
-            conn.execute(
-                "INSERT INTO trace_index (execution_id, next_index, steps) VALUES (?, 1, 1)", (eid,)
-            )
-        else:
-            conn.execute(
-                "UPDATE trace_index SET next_index = ?, steps = ? WHERE execution_id = ?",
-                (index + 1, steps, eid),
-            )
 
     def _encode_exe(self, exe: Any, eid: str) -> Any:
         return _codec.encode_execution(self._codec, exe, eid)

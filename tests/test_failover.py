@@ -24,7 +24,7 @@ from typing import Any
 import _pg
 import pytest
 
-from harel_store import Execution, StoreError
+from harel_store import Commit, Execution, StoreError
 from harel_store.postgres import AsyncPostgresStore, PostgresStore
 
 WRITERS = 3  # sync ones, w0...; and one async writer, a0
@@ -348,9 +348,9 @@ def test_the_old_primary_back_as_a_read_only_standby(
     asyncio.run(the_async_twin())
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def lone(pair: tuple[_pg.Server, _pg.Server]) -> Iterator[_pg.Server]:
-    """A throwaway server of this test's own, to stop and start."""
+    """A throwaway server of these tests' own, to stop, start and reconfigure."""
     bindir = _pg.find_bindir()
     assert bindir is not None
     server = _pg.start_throwaway(bindir)
@@ -422,3 +422,104 @@ def test_a_server_that_is_down(lone: _pg.Server, caplog: pytest.LogCaptureFixtur
         await astore.close()
 
     asyncio.run(down_and_back())
+
+
+def test_a_batch_whose_connection_is_lost_is_settled(lone: _pg.Server) -> None:
+    """A batch (one transaction begun and committed by the store) whose connection is
+    lost: before its COMMIT was sent, it raises a StoreError that says nothing was
+    written (retry); during its COMMIT, the store asks the server (pg_xact_status of the
+    transaction's id, read with its BEGIN) and returns the outcomes of a batch that
+    committed. The COMMIT is held by a synchronous standby that never comes, the lock
+    by another transaction; the backend is terminated there. Sync, then async."""
+    app = "harel-doubt"
+    url = lone.url + f"&application_name={app}"
+    schema = _pg.fresh_schema()
+
+    def backend(waiting_on: str) -> int:
+        query = (
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'harel-doubt' "
+            f"AND '{waiting_on}' IN (wait_event, wait_event_type)"
+        )
+        found: list[Any] = []
+        wait_for(
+            f"a backend waiting on {waiting_on}",
+            lambda: found.extend(sql(lone.url, query)) or found,
+        )
+        return int(found[0][0])
+
+    def terminate(waiting_on: str) -> None:
+        sql(lone.url, f"SELECT pg_terminate_backend({backend(waiting_on)})")
+
+    def commits_held() -> None:
+        sql(lone.url, "ALTER SYSTEM SET synchronous_standby_names = 'nobody'")
+        sql(lone.url, "SELECT pg_reload_conf()")
+
+    def commits_go() -> None:
+        sql(lone.url, "ALTER SYSTEM RESET synchronous_standby_names")
+        sql(lone.url, "SELECT pg_reload_conf()")
+
+    def locked(eid: str) -> Any:
+        import psycopg
+
+        blocker = psycopg.connect(lone.url)
+        blocker.execute(f'SELECT FROM "{schema}".executions WHERE id = %s FOR UPDATE', (eid,))
+        return blocker
+
+    with PostgresStore(url, schema=schema) as store:
+        exe = Execution(id="e1")
+        store.commit(exe, [])
+        # Lost before its COMMIT: nothing written, and the store says so.
+        blocker = locked("e1")
+        got: list[Any] = []
+        batch = threading.Thread(
+            target=lambda: got.append(_outcome(store.commit_many, [Commit(exe, [(None, "x")])]))
+        )
+        batch.start()
+        terminate("Lock")  # waiting for the row lock
+        batch.join()
+        blocker.close()
+        assert isinstance(got[0], StoreError) and "nothing was written" in str(got[0]), got
+        assert "Retry" in str(got[0]) and exe.version == 1
+        assert store.load("e1").version == 1  # type: ignore[union-attr]
+        # Lost during its COMMIT, which landed (locally: the standby never came).
+        commits_held()
+        try:
+            got.clear()
+            batch = threading.Thread(
+                target=lambda: got.append(
+                    _outcome(store.commit_many, [Commit(exe, [(None, "y")], commit_id="c2")])
+                )
+            )
+            batch.start()
+            terminate("SyncRep")
+            batch.join()
+        finally:
+            commits_go()
+        assert got == [[None]] and exe.version == 2
+        assert store.load("e1").version == 2  # type: ignore[union-attr]
+
+    async def the_async_twin() -> None:
+        async with AsyncPostgresStore(url, schema=schema) as astore:
+            exe = await astore.load("e1")
+            assert exe is not None
+            commits_held()
+            try:
+                batch = asyncio.ensure_future(
+                    astore.commit_many([Commit(exe, [(None, "z")], commit_id="c3")])
+                )
+                await asyncio.to_thread(terminate, "SyncRep")
+                assert await batch == [None]
+            finally:
+                commits_go()
+            assert exe.version == 3
+            assert (await astore.load("e1")).version == 3  # type: ignore[union-attr]
+            assert len(await astore.pending_outbox()) == 2
+
+    asyncio.run(the_async_twin())
+
+
+def _outcome(call: Any, *args: Any) -> Any:
+    try:
+        return call(*args)
+    except StoreError as exc:
+        return exc

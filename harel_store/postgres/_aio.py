@@ -24,6 +24,7 @@ from ._connections import (
     _aconnect_retrying,
     _adapt,
     _arun_on,
+    _asettle,
     _AsyncPool,
     _cannot_open,
     _cause,
@@ -31,6 +32,7 @@ from ._connections import (
     _connect_kwargs,
     _connect_timeout,
     _failed,
+    _InDoubt,
     _may_retry,
     _public,
     _read_only,
@@ -466,6 +468,7 @@ class AsyncPostgresStore(_transfer.Uncopyable):
         retry = False
         for attempt in range(2):
             conn = await self._pool.get()
+            name = items[0].name if len(items) == 1 else "commit (a group write)"
             try:
                 taken = [i for i, item in enumerate(items) if not item.cancelled]
                 if not taken:
@@ -473,7 +476,14 @@ class AsyncPostgresStore(_transfer.Uncopyable):
                 parts = [items[i].part for i in taken]
                 retry = all(part[0] == "delete" for part in parts)
                 op = _batch.write_group(self._core, parts)
-                written = await _arun_on(conn, op, next(op))
+                try:
+                    written = await _arun_on(conn, op, next(op))
+                except _InDoubt as doubt:  # lost inside the transaction
+                    await self._pool.put(conn)
+                    conn = None
+                    written = await _asettle(
+                        self._core, name, doubt, self._pool.get, self._pool.put
+                    )
                 for i, outcome in zip(taken, written):
                     outcomes[i] = outcome
                 return outcomes
@@ -481,7 +491,6 @@ class AsyncPostgresStore(_transfer.Uncopyable):
                 if _read_only(exc):
                     await self._pool.drop_idle()
                 if attempt or not (retry and _may_retry(exc, "ack")):
-                    name = items[0].name if len(items) == 1 else "commit (a group write)"
                     raise _failed(self._core, name, exc, not retry) from exc
                 _log.info(
                     "%s: retrying %s after %s",
@@ -490,7 +499,8 @@ class AsyncPostgresStore(_transfer.Uncopyable):
                     type(exc).__name__,
                 )
             finally:
-                await self._pool.put(conn)
+                if conn is not None:
+                    await self._pool.put(conn)
         raise AssertionError("unreachable")
 
     async def _run(self, name: str, *args: Any) -> Any:
@@ -512,8 +522,11 @@ class AsyncPostgresStore(_transfer.Uncopyable):
             except BaseException:
                 op.close()  # see PostgresStore._run
                 raise
+            doubt = None
             try:
                 return await _arun_on(conn, op, query)
+            except _InDoubt as exc:  # lost inside a transaction of a batch
+                doubt = exc
             except psycopg.Error as exc:
                 op.close()
                 if _read_only(exc):  # see PostgresStore._run
@@ -526,6 +539,9 @@ class AsyncPostgresStore(_transfer.Uncopyable):
                 )
             finally:
                 await self._pool.put(conn)
+            if doubt is not None:
+                shown = _public(name, args)
+                return await _asettle(self._core, shown, doubt, self._pool.get, self._pool.put)
         raise AssertionError("unreachable")
 
     async def _ready(self) -> None:

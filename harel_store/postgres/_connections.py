@@ -178,30 +178,142 @@ def _has_rows(cur: Any) -> bool:
     return res is not None and bool(res.nfields or res.status == _TUPLES_OK)
 
 
-def _execute(conn: Any, query: _Query) -> Any:
-    """Run ``query``, with the ``BEGIN`` and ``COMMIT`` it asks for in its round trip."""
+# Read with a transaction's BEGIN, in its round trip: the transaction's id, and what
+# tells its server from another (a restart or a failover) when the id is looked up.
+_XACT = "SELECT pg_current_xact_id()::text, pg_postmaster_start_time()::text"
+_XACT_STATUS = "SELECT pg_xact_status(%s::xid8), pg_postmaster_start_time()::text"
+
+
+def _execute(conn: Any, query: _Query, xact: list[Any]) -> Any:
+    """Run ``query``, with the ``BEGIN`` and ``COMMIT`` it asks for in its round trip;
+    with ``BEGIN``, the transaction's id and server go into ``xact`` (see
+    :class:`_InDoubt`)."""
     if not (query.begin or query.commit):
         return conn.execute(query.sql, query.params, prepare=query.prepare, binary=True)
+    if query.begin:
+        xact[:] = [None, None, None]  # in a transaction from here: its id comes after
     with conn.pipeline():
         if query.begin:
             conn.execute("BEGIN", prepare=False)
+            began = conn.execute(_XACT, prepare=False)
         cur = conn.execute(query.sql, query.params, prepare=query.prepare, binary=True)
         if query.commit:
             conn.execute("COMMIT", prepare=False)
+    if query.begin:
+        xact[:] = [*began.fetchone(), _server_of(conn)]
     return cur
 
 
-async def _aexecute(conn: Any, query: _Query) -> Any:
+async def _aexecute(conn: Any, query: _Query, xact: list[Any]) -> Any:
     """:func:`_execute` on an async connection."""
     if not (query.begin or query.commit):
         return await conn.execute(query.sql, query.params, prepare=query.prepare, binary=True)
+    if query.begin:
+        xact[:] = [None, None, None]
     async with conn.pipeline():
         if query.begin:
             await conn.execute("BEGIN", prepare=False)
+            began = await conn.execute(_XACT, prepare=False)
         cur = await conn.execute(query.sql, query.params, prepare=query.prepare, binary=True)
         if query.commit:
             await conn.execute("COMMIT", prepare=False)
+    if query.begin:
+        xact[:] = [*(await began.fetchone()), _server_of(conn)]
     return cur
+
+
+class _InDoubt(Exception):
+    """The connection of an operation was lost inside a transaction it began with
+    ``_Query.begin`` (a batch's, or a group write's): its ``op``, not yet closed, the
+    transaction's id, server start and server (``xact``, ``None`` until the ``BEGIN``'s
+    round trip is back), the error (``lost``), and whether the round trip that failed
+    carried the ``COMMIT`` (else the transaction cannot have committed). The store
+    settles it (:func:`_settle`)."""
+
+    def __init__(self, op: _Op, xact: list[Any], lost: BaseException, at_commit: bool) -> None:
+        super().__init__(str(lost))
+        self.op, self.xact, self.lost, self.at_commit = op, xact, lost, at_commit
+
+
+def _doubt(op: _Op, xact: list[Any], query: _Query, exc: BaseException) -> _InDoubt | None:
+    if not (xact and _lost_connection(exc)):
+        return None
+    return _InDoubt(op, xact, exc, query.commit or query.sql == "COMMIT")
+
+
+def _status(doubt: _InDoubt, conn: Any, row: Any) -> str | None:
+    """What became of the transaction of ``doubt``, by ``row`` (:data:`_XACT_STATUS` on
+    ``conn``): ``None`` when ``conn`` is on another server, or one restarted since."""
+    _, started, server = doubt.xact
+    if row is None or _server_of(conn) != server or row[1] != started:
+        return None
+    return row[0]  # type: ignore[no-any-return]
+
+
+def _settled(core: _Core, name: str, doubt: _InDoubt, status: str | None) -> Any:
+    """The next step of ``doubt``'s operation once ``status`` is known: the query its
+    operation yields after a commit that landed (or its result, as a ``StopIteration``),
+    else the error to raise: nothing was applied (``aborted``; retry), or the outcome
+    is unknown (the server could not tell, or is another: a failover)."""
+    op, lost = doubt.op, doubt.lost
+    if status == "committed":
+        _log.info("%s: %s() committed, although its connection was lost", core.describe(), name)
+        return op.send(None)  # the rows of its last write are lost: nothing to trim after
+    op.close()
+    if status == "aborted":
+        _log.info("%s: %s() was not applied (its connection was lost)", core.describe(), name)
+        error = _failed(core, name, lost, wrote_nothing=True)
+    else:
+        error = _failed(core, name, lost, True)
+    error.__cause__ = lost
+    raise error
+
+
+def _settle(core: _Core, name: str, doubt: _InDoubt, get: Any, put: Any) -> Any:
+    """The result of the operation of ``doubt``: a transaction that cannot have
+    committed, or that the same server says committed or aborted (asked on a new
+    connection), is settled; else the outcome stays unknown. One round trip, only
+    after a lost connection."""
+    status = "aborted" if not doubt.at_commit else None
+    conn = None
+    try:
+        if status is None and doubt.xact[0] is not None:
+            try:
+                conn = get()
+                row = conn.execute(_XACT_STATUS, (doubt.xact[0],), prepare=False).fetchone()
+                status = _status(doubt, conn, row)
+            except Exception:  # noqa: BLE001 - then the outcome stays unknown
+                status = None
+        try:
+            query = _settled(core, name, doubt, status)
+        except StopIteration as stop:
+            return stop.value
+        return _run_on(conn, doubt.op, query)
+    finally:
+        if conn is not None:
+            put(conn)
+
+
+async def _asettle(core: _Core, name: str, doubt: _InDoubt, get: Any, put: Any) -> Any:
+    """:func:`_settle` on the event loop."""
+    status = "aborted" if not doubt.at_commit else None
+    conn = None
+    try:
+        if status is None and doubt.xact[0] is not None:
+            try:
+                conn = await get()
+                cur = await conn.execute(_XACT_STATUS, (doubt.xact[0],), prepare=False)
+                status = _status(doubt, conn, await cur.fetchone())
+            except Exception:  # noqa: BLE001 - then the outcome stays unknown
+                status = None
+        try:
+            query = _settled(core, name, doubt, status)
+        except StopIteration as stop:
+            return stop.value
+        return await _arun_on(conn, doubt.op, query)
+    finally:
+        if conn is not None:
+            await put(conn)
 
 
 def _run_on(conn: Any, op: _Op, query: _Query) -> Any:
@@ -210,10 +322,11 @@ def _run_on(conn: Any, op: _Op, query: _Query) -> Any:
     hands it out again."""
     import psycopg
 
+    xact: list[Any] = []
     try:
         while True:
             try:
-                cur = _execute(conn, query)
+                cur = _execute(conn, query, xact)
             except psycopg.errors.UniqueViolation as exc:
                 if not (query.unique and exc.diag.table_name == _RACED):
                     raise
@@ -229,12 +342,16 @@ def _run_on(conn: Any, op: _Op, query: _Query) -> Any:
             except StopIteration as stop:
                 return stop.value
     except BaseException as exc:
-        op.close()  # now: what it sets back on failure (a commit's version) is set back
+        doubt = _doubt(op, xact, query, exc)
+        if doubt is None:
+            op.close()  # now: what it sets back on failure (a commit's version) is set back
         _after_error(conn, exc)
         if _condemned(exc):
             _discarding(conn, exc)
             with contextlib.suppress(Exception):
                 conn.close()
+        if doubt is not None:
+            raise doubt from exc
         clear = _clear(exc)
         if clear is exc:
             raise
@@ -245,10 +362,11 @@ async def _arun_on(conn: Any, op: _Op, query: _Query) -> Any:
     """:func:`_run_on` on an async connection."""
     import psycopg
 
+    xact: list[Any] = []
     try:
         while True:
             try:
-                cur = await _aexecute(conn, query)
+                cur = await _aexecute(conn, query, xact)
             except psycopg.errors.UniqueViolation as exc:
                 if not (query.unique and exc.diag.table_name == _RACED):
                     raise
@@ -264,7 +382,9 @@ async def _arun_on(conn: Any, op: _Op, query: _Query) -> Any:
             except StopIteration as stop:
                 return stop.value
     except BaseException as exc:
-        op.close()
+        doubt = _doubt(op, xact, query, exc)
+        if doubt is None:
+            op.close()
         if _in_transaction(conn):
             with contextlib.suppress(Exception):
                 await conn.rollback()
@@ -272,6 +392,8 @@ async def _arun_on(conn: Any, op: _Op, query: _Query) -> Any:
             _discarding(conn, exc)
             with contextlib.suppress(Exception):
                 await conn.close()
+        if doubt is not None:
+            raise doubt from exc
         clear = _clear(exc)
         if clear is exc:
             raise

@@ -26,12 +26,14 @@ from ._connections import (
     _connect_retrying,
     _connect_timeout,
     _failed,
+    _InDoubt,
     _may_retry,
     _Pool,
     _public,
     _read_only,
     _run_on,
     _seconds,
+    _settle,
     _why,
 )
 from ._core import (
@@ -556,8 +558,11 @@ class PostgresStore(_transfer.Uncopyable):
             except BaseException:
                 op.close()  # the operation ends now (a commit sets back the version it set)
                 raise
+            doubt = None
             try:
                 return _run_on(conn, op, query)
+            except _InDoubt as exc:  # lost inside a transaction of a batch
+                doubt = exc
             except psycopg.Error as exc:
                 op.close()
                 if _read_only(exc):  # so are the others of the pool: none is used again
@@ -570,6 +575,8 @@ class PostgresStore(_transfer.Uncopyable):
                 )
             finally:
                 pool.put(conn)
+            if doubt is not None:
+                return _settle(self._core, _public(name, args), doubt, pool.get, pool.put)
         raise AssertionError("unreachable")
 
     def _open_pool(self) -> _Pool:

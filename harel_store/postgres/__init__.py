@@ -76,18 +76,21 @@ before the wait arrive before that statement's reply. Work committed before the
 wait early: the claim that follows finds nothing yet, and the commit's notification wakes
 the next wait). A dropped connection can cost a spurious wake-up, never a missed one.
 
-**Connections** come from a pool of the store (:mod:`._connections`):
-``pool_size`` at most, the one that opened the store kept open. A connection is checked
-as it leaves the pool, without a round trip: a closed socket, or one the server wrote to
-while the connection was idle (a restart's "terminating connection"), gets it replaced,
-and a new connection is made by the call that needs it. So the first call after a
-server restart reconnects; while the server is down a call tries again until
-``timeout``, then raises :class:`~harel_store.StoreError`. Reads, acks and claims are
+**Connections** come from psycopg-pool (:mod:`._connections`): a ``ConnectionPool``, or
+for the async store an ``AsyncConnectionPool`` on the event loop it runs on (one per loop,
+each closed by a keeper task as its loop ends); ``pool_size`` at most, one kept open,
+each replaced after ``max_lifetime`` seconds. A connection is checked by the store as it
+leaves the pool, without a round trip: a closed socket, or one the server wrote to while
+the connection was idle (a restart's "terminating connection"), gets it replaced. So the
+first call after a server restart reconnects; while the server is down a call finds it
+out within ``connect_timeout`` and raises :class:`~harel_store.StoreError` with the
+driver's reason (opening tries again for that long first). Reads, acks and claims are
 retried once on a new connection when theirs fails mid-call, or when the server refused
 them for a reason of the moment (read-only, a serialization failure, a deadlock); a
 commit is not (its arguments may be iterators it has read, and a lost connection may
 have applied it): it raises a ``StoreError`` that says so, and a retry with the same
-``commit_id`` is recognised. A connection that saw the server turn read-only (SQLSTATE
+``commit_id`` is recognised. A batch lost in its ``COMMIT``'s round trip is looked up by
+the transaction id it read with its ``BEGIN`` (``pg_xact_status``, on the same server). A connection that saw the server turn read-only (SQLSTATE
 25006, as on a primary demoted by a failover) or shut down is closed, never used again;
 after a 25006 the pool's idle connections go too, so the next call connects anew (and,
 with several hosts and ``target_session_attrs=read-write``, reaches the new primary).

@@ -276,11 +276,12 @@ def build_big_db(target: str, env: Env, n: int, due: int, kind: str = "big") -> 
         counter = "WITH RECURSIVE c(x) AS (SELECT 0 UNION ALL SELECT x + 1 FROM c WHERE x < ? - 1) "
         conn.execute("BEGIN IMMEDIATE")
         conn.execute(
-            counter + "INSERT INTO timers (execution_id, path, fire_at)"
+            counter + "INSERT INTO timers (execution_id, path, fire_at, seq)"
             " SELECT 'exe-' || (x / 100), 'root/s' || (x % 100),"
-            " CASE WHEN x < ? THEN ? - 1 - x ELSE ? + x END FROM c",
+            " CASE WHEN x < ? THEN ? - 1 - x ELSE ? + x END, (SELECT n FROM work) + 1 + x FROM c",
             (n, due, NOW, LATER),
         )
+        conn.execute("UPDATE work SET n = n + ?", (n,))  # past the timers' seqs (arming order)
         conn.execute(
             counter + "INSERT INTO outbox (target_id, event) SELECT 'exe-' || (x % 1000), ? FROM c",
             (n, event),
@@ -979,8 +980,11 @@ class Floor:
             (eid, event_id),
         )
         _, path, fire_at = rearm[0]
+        conn.execute("UPDATE work SET n = n + 1")  # the wake-up, and the timer's seq
         conn.execute(
-            "INSERT OR REPLACE INTO timers (execution_id, path, fire_at) VALUES (?, ?, ?)",
+            "INSERT INTO timers (execution_id, path, fire_at, seq)"
+            " VALUES (?, ?, ?, (SELECT n FROM work)) ON CONFLICT (execution_id, path)"
+            " DO UPDATE SET fire_at = excluded.fire_at, seq = excluded.seq, lease_until = 0",
             (eid, path, fire_at),
         )
         child, root, context = SPAWNS[0]
@@ -990,16 +994,14 @@ class Floor:
         )
         conn.execute(
             "INSERT INTO trace (execution_id, idx, step)"
-            " SELECT execution_id, next_index, ? FROM trace_index WHERE execution_id = ?",
-            (dumps(STEP), eid),
-        )
+            " SELECT ?, max(idx) + 1, ? FROM trace WHERE execution_id = ?",
+            (eid, dumps(STEP), eid),
+        )  # the ring is full: one step in after its last, the oldest out
         conn.execute(
-            "DELETE FROM trace WHERE n = (SELECT min(n) FROM trace WHERE execution_id = ?)", (eid,)
-        )  # the ring is full: one step in, the oldest out
-        conn.execute(
-            "UPDATE trace_index SET next_index = next_index + 1 WHERE execution_id = ?", (eid,)
+            "DELETE FROM trace WHERE execution_id = ?"
+            " AND idx = (SELECT min(idx) FROM trace WHERE execution_id = ?)",
+            (eid, eid),
         )
-        conn.execute("UPDATE work SET n = n + 1")
         conn.execute("COMMIT")
         exe.version += 1
 

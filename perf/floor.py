@@ -7,6 +7,13 @@ The typical commit: the CAS of the execution (``epoch=1``), one outbox entry, a 
 processed mark, one timer re-armed, one trace step into a full ring (with its trim), a
 ``commit_id`` recorded with the SHA-256 of the body, and the wake-up of ``wait_for_work``.
 
+The floor keeps the promises the store keeps for that commit: the execution's fields all
+written (by ``json.dumps``, with no checks and no tuple tags), the time outbox entries
+were committed and marks and commit ids recorded (the overview and ``prune``, PRODUCTION.md
+sections 8 and 9), and due timers tied on ``fire_at`` in arming order (a ``seq`` from the
+work counter, as the store does). Each side is timed ``--repeat`` times, interleaved; the
+median and the best of those runs are printed (on a busy machine, the best is the steadier).
+
     python perf/floor.py [--loops 2000] [--repeat 7]
 """
 
@@ -32,8 +39,10 @@ EVENT = {"type": "shipped", "order": 7}
 STEP = {"event": "ship", "transition": "packing->shipped", "actions": ["notify"]}
 
 # The leanest schema I could write for the same promises: seqs never reused (AUTOINCREMENT
-# on the outbox), one timer per (execution, path) found by fire_at, a ring per execution,
-# replays recognised by (execution, commit_id) and compared by digest.
+# on the outbox), one timer per (execution, path) found by fire_at then arming order, a
+# ring per execution, replays recognised by (execution, commit_id) and compared by digest,
+# and when entries, marks and ids were written.
+STAMP = "REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0)"
 LEAN = (
     (
         "CREATE TABLE executions (id TEXT PRIMARY KEY, version INTEGER NOT NULL, epoch INTEGER,"
@@ -41,24 +50,25 @@ LEAN = (
     ),
     (
         "CREATE TABLE outbox (seq INTEGER PRIMARY KEY AUTOINCREMENT, target_id TEXT,"
-        " event BLOB NOT NULL, lease_until REAL NOT NULL DEFAULT 0)"
+        f" event BLOB NOT NULL, lease_until REAL NOT NULL DEFAULT 0, committed_at {STAMP})"
     ),
     (
         "CREATE TABLE processed (execution_id TEXT NOT NULL, event_id TEXT NOT NULL,"
-        " PRIMARY KEY (execution_id, event_id)) WITHOUT ROWID"
+        f" recorded_at {STAMP}, PRIMARY KEY (execution_id, event_id)) WITHOUT ROWID"
     ),
     (
         "CREATE TABLE timers (execution_id TEXT NOT NULL, path TEXT NOT NULL, fire_at REAL NOT NULL,"
-        " lease_until REAL NOT NULL DEFAULT 0, PRIMARY KEY (execution_id, path)) WITHOUT ROWID"
+        " seq INTEGER NOT NULL, lease_until REAL NOT NULL DEFAULT 0,"
+        " PRIMARY KEY (execution_id, path)) WITHOUT ROWID"
     ),
-    "CREATE INDEX timers_by_fire_at ON timers (fire_at)",
+    "CREATE INDEX timers_by_fire_at ON timers (fire_at, seq)",
     (
         "CREATE TABLE trace (execution_id TEXT NOT NULL, n INTEGER NOT NULL, step BLOB NOT NULL,"
         " PRIMARY KEY (execution_id, n)) WITHOUT ROWID"
     ),
     (
         "CREATE TABLE commit_ids (execution_id TEXT NOT NULL, commit_id TEXT NOT NULL,"
-        " digest BLOB NOT NULL, version INTEGER NOT NULL,"
+        f" digest BLOB NOT NULL, version INTEGER NOT NULL, recorded_at {STAMP},"
         " PRIMARY KEY (execution_id, commit_id)) WITHOUT ROWID"
     ),
     "CREATE TABLE work (id INTEGER PRIMARY KEY CHECK (id = 1), n INTEGER NOT NULL)",
@@ -73,6 +83,11 @@ def dumps(value: Any) -> bytes:
 class Floor:
     """The same writes by hand: 8 statements and BEGIN/COMMIT per commit."""
 
+    FIELDS = (
+        "id", "definition_id", "status", "outcome", "active_path", "history", "context",
+        "parent_id", "child_id", "children",
+    )  # fmt: skip
+
     def __init__(self, path: str, synchronous: str) -> None:
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.conn.execute("PRAGMA journal_mode=WAL")
@@ -85,7 +100,7 @@ class Floor:
         step: Any, commit_id: str, epoch: int,
     ) -> None:  # fmt: skip
         eid, version = exe.id, exe.version
-        blob = dumps({"id": eid, "definition_id": exe.definition_id, "context": exe.context})
+        blob = dumps({name: getattr(exe, name) for name in self.FIELDS})
         ev, st = dumps(event), dumps(step)
         digest = hashlib.sha256(
             dumps([[target, event], mark, [["schedule", "root/wait", fire_at]], [], step])
@@ -96,7 +111,8 @@ class Floor:
         try:
             # The commit id first: a replay is found by the insert that records it.
             if not c.execute(
-                "INSERT INTO commit_ids VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                "INSERT INTO commit_ids (execution_id, commit_id, digest, version)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 (eid, commit_id, digest, new),
             ).rowcount:
                 raise RuntimeError("floor: replay")
@@ -110,16 +126,20 @@ class Floor:
             ):
                 raise RuntimeError("floor: conflict")
             c.execute("INSERT INTO outbox (target_id, event) VALUES (?, ?)", (target, ev))
-            c.execute("INSERT OR IGNORE INTO processed VALUES (?, ?)", (eid, mark))
             c.execute(
-                "INSERT INTO timers (execution_id, path, fire_at) VALUES (?, ?, ?) ON CONFLICT"
-                " DO UPDATE SET fire_at = excluded.fire_at, lease_until = 0",
+                "INSERT OR IGNORE INTO processed (execution_id, event_id) VALUES (?, ?)",
+                (eid, mark),
+            )
+            c.execute("UPDATE work SET n = n + 1")  # the wake-up, and the timer's seq
+            c.execute(
+                "INSERT INTO timers (execution_id, path, fire_at, seq)"
+                " VALUES (?, ?, ?, (SELECT n FROM work)) ON CONFLICT DO UPDATE"
+                " SET fire_at = excluded.fire_at, seq = excluded.seq, lease_until = 0",
                 (eid, "root/wait", fire_at),
             )
             # The ring: the step's number is the commit's new version, the trim one range.
             c.execute("INSERT INTO trace VALUES (?, ?, ?)", (eid, new, st))
             c.execute("DELETE FROM trace WHERE execution_id = ? AND n <= ?", (eid, new - TRACE_MAX))
-            c.execute("UPDATE work SET n = n + 1")
             c.execute("COMMIT")
         except BaseException:
             c.execute("ROLLBACK")
@@ -130,7 +150,7 @@ class Floor:
         self.conn.execute(
             "INSERT INTO executions VALUES (?, 0, NULL, ?)", (exe.id, dumps({"id": exe.id}))
         )
-        self.conn.execute("INSERT INTO timers (execution_id, path, fire_at) VALUES (?, ?, ?)",
+        self.conn.execute("INSERT INTO timers (execution_id, path, fire_at, seq) VALUES (?, ?, ?, 0)",
                           (exe.id, "root/wait", LATER))  # fmt: skip
         for i in range(TRACE_MAX):
             self.commit(exe, "exe-1", EVENT, f"pre-{i}", LATER + i, STEP, f"pre-{i}", 1)
@@ -199,11 +219,13 @@ def main() -> None:
                 ours.append(time_store(store, exe, args.loops))
                 theirs.append(time_floor(floor, fexe, args.loops))
             s, f = statistics.median(ours), statistics.median(theirs)
+            bs, bf = min(ours), min(theirs)
             n_store = statements(store._conn, lambda s=store, e=exe: time_store(s, e, 1))  # type: ignore[arg-type]
             n_floor = statements(floor.conn, lambda f=floor, e=fexe: time_floor(f, e, 1))
             print(
                 f"{sync:6}  store {s * 1e6:7.1f} us ({len(n_store)} statements)"
                 f"  floor {f * 1e6:7.1f} us ({len(n_floor)} statements)  store/floor {s / f:.2f}x"
+                f"  | best: store {bs * 1e6:7.1f} us  floor {bf * 1e6:7.1f} us  {bs / bf:.2f}x"
             )
             if args.show:
                 print("  store:", *n_store, sep="\n    ")

@@ -349,6 +349,10 @@ def test_a_bad_schema_name_is_refused_before_connecting(bad: Any, error: type) -
         ({"codec": object()}, TypeError),
         ({"codec": JsonCodec}, TypeError),  # the class, not a codec
         ({"bogus": 1}, TypeError),
+        ({"max_lifetime": 0}, ValueError),
+        ({"max_lifetime": True}, TypeError),
+        ({"connect_timeout": float("inf")}, ValueError),
+        ({"connect_timeout": "3"}, TypeError),
     ],
     ids=repr,
 )
@@ -915,9 +919,12 @@ def test_open_store_routes_postgres_urls(url: str, pg_schema: str) -> None:
             harel_store.open_store(address, bogus=1)
 
     async def main() -> None:
-        async with harel_store.open_async_store(url, schema=pg_schema) as astore:
+        async with harel_store.open_async_store(
+            url, schema=pg_schema, pool_size=3, max_lifetime=60.0, connect_timeout=2.0
+        ) as astore:
             assert type(astore) is AsyncPostgresStore
             assert (await astore.load("e1")).version == 2
+            assert astore.pool_stats()["pool_max"] == 3
 
     asyncio.run(main())
 

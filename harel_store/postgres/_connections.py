@@ -265,7 +265,7 @@ def _settled(core: _Core, name: str, doubt: _InDoubt, status: str | None) -> Any
         error = _failed(core, name, lost, wrote_nothing=True)
     else:
         error = _failed(core, name, lost, True)
-    error.__cause__ = lost
+    error.__cause__ = _cause(core, lost)
     raise error
 
 

@@ -429,6 +429,28 @@ def test_orders_are_forgotten_only_when_no_relay_can_deliver_to_them(impl: Any) 
     assert set(store.seen) == {(0, 0)}
 
 
+def test_forgets_on_other_connections_are_made_at_quiescent_points_too(tmp_path: Path) -> None:
+    """The coordinator's parallel forgets (``forget_with``: several connections, one
+    thread each) forget every retired order and child, each while nothing is pending,
+    and none through the coordinator's own store."""
+    from harel_store._demo.durable import Coordinator, run_durable
+    from harel_store.sqlite import SqliteStore
+
+    path = tmp_path / "f.db"
+    with SqliteStore(path) as store, SqliteStore(path) as a, SqliteStore(path) as b:
+        own, helpers = WatchedForgets(store), [WatchedForgets(a), WatchedForgets(b)]
+        coord = Coordinator(own, "f.db")
+        coord.forget_with(helpers)
+        coord.open(200, 1, False)
+        result = run_durable(own, where="f.db", coordinator=coord)
+    assert result["problems"] == []
+    assert own.seen == []
+    seen = [s for helper in helpers for s in helper.seen]
+    assert len(seen) == 3 * result["completed"] + 3 * result["timed_out"]
+    assert all(helper.seen for helper in helpers)
+    assert set(seen) == {(0, 0)}
+
+
 class Crash(BaseException):
     """The process dies here."""
 

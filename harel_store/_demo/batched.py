@@ -10,7 +10,10 @@ shard of a service or of the ledger) takes one wave per event it receives: a run
 ``shards`` of each moves that many of their events per wave. A transition refused
 by a ``StoreConflict`` (another process committed its execution meanwhile) is handled
 again on a fresh copy in the next wave; an execution whose transition was applied is
-not loaded again for its next one in the same round (its copy is the stored one).
+not loaded again for its next one (its copy is the stored one, unless another process
+committed it since: then the commit is refused, and the execution loaded again). These
+copies are dropped whenever the clock moves: the coordinator forgets retired orders
+only between two ticks, and a copy of a forgotten execution would store it again.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from .workflow import NOTHING, REDELIVER_EVERY, RESPAWN_EVERY, Event, add_proble
 
 _Prepare = Callable[[Any], Commit | None]
 THIN = 4  # a wave of fewer targets than a claim's limit over this claims more work first
+FRESH = 10_000  # copies a relay keeps at most
 
 
 class _Job:
@@ -36,7 +40,7 @@ class _Job:
     event was handled before); ``then()`` runs once its commit is applied. Applied or
     skipped, ``item`` goes to ``acks`` (when there is one): acked after the job is done."""
 
-    __slots__ = ("acks", "item", "prepare", "target", "then")
+    __slots__ = ("acks", "blind", "item", "prepare", "target", "then")
 
     def __init__(
         self,
@@ -51,6 +55,7 @@ class _Job:
         self.then = then
         self.acks = acks
         self.item = item
+        self.blind = False  # prepare without loading first (see BatchRelay._spawning)
 
     def skipped(self) -> None:
         if self.acks is not None:
@@ -100,7 +105,7 @@ class BatchRelay(Relay):
         if claimed is None:
             return done
         load = store.load
-        fresh: dict[Any, Any] = {}  # copies known to be the stored ones
+        fresh = self._fresh  # copies known to be the stored ones, as far as this relay knows
         refused = 0
         while queues:
             if self.stopped():
@@ -114,8 +119,12 @@ class BatchRelay(Relay):
             for target in list(queues):
                 queue = queues[target]
                 while queue:
-                    exe = fresh[target] if target in fresh else load(target)
-                    fresh[target] = exe
+                    if target in fresh:
+                        exe = fresh[target]
+                    elif queue[0].blind:
+                        exe = None  # a new child: its commit is refused if it is there
+                    else:
+                        exe = fresh[target] = load(target)
                     commit = queue[0].prepare(exe)
                     if commit is not None:
                         commits.append(commit)
@@ -136,7 +145,8 @@ class BatchRelay(Relay):
                     if not queue:
                         del queues[target]
                 elif isinstance(outcome, StoreConflict):
-                    del fresh[target]
+                    fresh.pop(target, None)
+                    queues[target][0].blind = False  # load it next time
                     conflicts += 1
                 else:
                     raise outcome
@@ -148,6 +158,12 @@ class BatchRelay(Relay):
                 acks.flush(store)
         acks.flush(store)
         return done + claimed
+
+    _fresh: dict[Any, Any]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._fresh = {}
 
     def _claim(self, queues: dict[Any, deque[_Job]], acks: _Acks, *, timers: bool) -> int | None:
         """Claim outbox entries and spawn intents (and with ``timers`` due timers) and
@@ -164,6 +180,8 @@ class BatchRelay(Relay):
                 self.phase = "gone"
                 return None
             self.phase = driver.context["phase"]
+            if driver.context["now"] != self.now or len(self._fresh) > FRESH:
+                self._fresh.clear()
             self.now = now = driver.context["now"]
             due = store.claim_due_timers(now, self.limit, lease=self.lease)
         jobs: list[_Job] = []
@@ -235,7 +253,12 @@ class BatchRelay(Relay):
             else:
                 acks.append(seq)
 
-        return _Job(child_id, prepare, applied)
+        job = _Job(child_id, prepare, applied)
+        # Not loaded first: a child is new but when its intent is delivered again (a
+        # claim taken over), and then the commit that creates it is refused by the CAS,
+        # and the job is prepared again from a loaded copy.
+        job.blind = True
+        return job
 
     def _retiring(self, event: Event, acks: list[int], seq: int) -> _Job:
         event_id, order_id = event[0], event[2]

@@ -59,11 +59,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from time import perf_counter
 from typing import Any
 
 from .._errors import StaleWriter, StoreConflict
-from .._records import Execution
+from .._records import Commit, Execution
 from .batched import BatchRelay
 from .relay import CLAIM, DRIVER, LEASE, Refused, Relay, _Writer, ledger_ids, new_ledger
 from .result import DemoResult, WorkerReport, store_checks
@@ -129,6 +130,7 @@ class Coordinator(_Writer):
         self.created = 0
         self.finished_before = 0  # orders finished by the runs before this one
         self.seen = 0  # orders finished, as the last quiescent point found
+        self.forgetters: list[Any] = []  # see forget_with()
         self.peak = 0
 
     # -- the driver -------------------------------------------------------------------
@@ -367,10 +369,12 @@ class Coordinator(_Writer):
     def forget_retired(self) -> int:
         """At a quiescent point: forget the orders retired since the last one, with
         their children, and say how many orders are finished. (Forgotten first, then
-        cleared from the ledger: a crash between makes the next run forget them again.)"""
+        cleared from the ledger's shards, in one batch: a crash between makes the next
+        run forget them again.)"""
         store = self.store
         keep = self.keep
         finished = 0
+        cleared: list[Commit] = []
         for ledger_id in ledger_ids(self.shards):
             ledger = store.load(ledger_id)
             if ledger is None:
@@ -378,15 +382,35 @@ class Coordinator(_Writer):
             retired = ledger.context["retired"]
             if retired:
                 if not keep:
-                    for order_id in retired:
-                        store.forget(f"{order_id}/packing")
-                        store.forget(f"{order_id}/shipping")
-                        store.forget(order_id)
+                    self._forget([i for o in retired for i in (f"{o}/packing", f"{o}/shipping", o)])
                 ledger.context["retired"] = []
-                self.commit(ledger, NOTHING, None, "forgotten", "open", f"forgot-{self.tick}")
+                what = f"forgot-{self.tick}"
+                cleared.append(self.prepared(ledger, NOTHING, None, "forgotten", "open", what))
             finished += ledger.context["finished"]
+        for outcome in self.commit_many(cleared) if cleared else ():
+            if outcome is not None:
+                raise outcome
         self.seen = finished
         return finished
+
+    def forget_with(self, stores: list[Any]) -> None:
+        """Forget retired orders through ``stores`` (other connections to the same
+        database), one thread each: a forget is a transaction of its own, and those of
+        several connections share the database's flushes instead of queueing for one."""
+        self.forgetters = stores
+
+    def _forget(self, ids: list[str]) -> None:
+        """Forget ``ids``: all are forgotten when this returns."""
+        stores = self.forgetters
+        if not stores:
+            for execution_id in ids:
+                self.store.forget(execution_id)
+            return
+        k = len(stores)
+        with ThreadPoolExecutor(k) as pool:
+            done = [pool.submit(_forget_each, s, ids[j::k]) for j, s in enumerate(stores)]
+            for future in done:
+                future.result()
 
     def _finished(self, context: dict[str, Any] | None = None) -> int:
         load = self.store.load
@@ -605,6 +629,11 @@ class Coordinator(_Writer):
                 store.ack_outbox(seq)
             else:
                 add_problem(problems, f"left in the outbox: {seq} {target!r} {event!r}")
+
+
+def _forget_each(store: Any, ids: list[str]) -> None:
+    for execution_id in ids:
+        store.forget(execution_id)
 
 
 def _only_the_driver(

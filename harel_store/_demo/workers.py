@@ -5,8 +5,9 @@ moves the clock whenever the store is quiescent, admits the orders, and checks t
 at the end. Each worker opens its own store on the same URL and runs a
 :class:`~.relay.Relay`: it claims outbox entries, spawn intents and due timers with
 leases, so no two workers hold the same work, and waits with ``wait_for_work`` when
-there is none. A worker stops when the driver says the run is over, or when this
-process is gone (so ``kill -9`` of the coordinator leaves no worker behind for long);
+there is none. On PostgreSQL a batched run's coordinator forgets retired orders on
+:data:`FORGETTERS` connections of its own at once (a forget is a transaction). A worker
+stops when the driver says the run is over, or when this process is gone (so ``kill -9`` of the coordinator leaves no worker behind for long);
 whatever a dead worker held is claimed by the others once its lease runs out.
 """
 
@@ -34,6 +35,7 @@ IDLE_WAIT = 0.25  # seconds a worker waits for work before it looks around again
 STOP_TIMEOUT = 60.0  # seconds the workers are given to report once told to stop
 HALT_TIMEOUT = 10.0  # seconds the workers are given to stop on SIGTERM when the run is cut short
 STALL = 1.0  # seconds the work left stays as it is before the run says it waits for leases
+FORGETTERS = 4  # connections the coordinator forgets retired orders on (PostgreSQL, batched)
 
 
 class _Stop:
@@ -79,7 +81,14 @@ def run_workers(
     procs: list[Any] = []
     pipes: list[Any] = []
     problems: list[str] = []
+    forgetters: list[Any] = []
     try:
+        if batch and url.startswith(("postgresql:", "postgres:")) and not coord.keep:
+            # SQLite has one writer at a time: forgets on several connections would
+            # only wait for each other there.
+            for _ in range(FORGETTERS):
+                forgetters.append(open_store(url))
+            coord.forget_with(forgetters)
         with _sigint_ignored_by_children():
             for k in range(1, workers + 1):
                 receive, send = context.Pipe(duplex=False)
@@ -125,6 +134,10 @@ def run_workers(
     except BaseException:
         _halt(procs, pipes)
         raise
+    finally:
+        coord.forget_with([])
+        for store in forgetters:
+            store.close()
     result = coord.conclude([counts for _, counts in reports], [r for r, _ in reports], elapsed)
     result["problems"][:0] = problems
     return result

@@ -943,6 +943,8 @@ class _AsyncPool(_Pooled):
         pool = self._pool
         if pool is None or self._loop is not asyncio.get_running_loop():
             pool = await self._current()
+        cancelling = getattr(asyncio.current_task(), "cancelling", None)  # Python 3.11+
+        asked = cancelling() if cancelling is not None else 0
         deadline = time.monotonic() + self._core.timeout
         while True:
             if self.closed:
@@ -959,6 +961,12 @@ class _AsyncPool(_Pooled):
                 if got is None:
                     continue
                 return got
+            if cancelling is not None and cancelling() > asked:
+                # Cancelled as the pool handed it over: psycopg-pool waits with
+                # asyncio.wait_for, which then returns the connection and swallows the
+                # cancellation (before Python 3.12). Honoured here.
+                await pool.putconn(conn)
+                raise asyncio.CancelledError
             if self._taken(conn):
                 return conn
             with contextlib.suppress(Exception):

@@ -12,7 +12,9 @@ written (by ``json.dumps``, with no checks and no tuple tags), the time outbox e
 were committed and marks and commit ids recorded (the overview and ``prune``, PRODUCTION.md
 sections 8 and 9), and due timers tied on ``fire_at`` in arming order (a ``seq`` from the
 work counter, as the store does). Each side is timed ``--repeat`` times, interleaved; the
-median and the best of those runs are printed (on a busy machine, the best is the steadier).
+median and the best of those runs are printed (on a busy machine, the best is the steadier),
+and the median CPU time of each side (this process's user and system time: what a busy
+machine disturbs least; FULL's waits for the disk are not in it).
 
     python perf/floor.py [--loops 2000] [--repeat 7]
 """
@@ -27,7 +29,7 @@ import statistics
 import tempfile
 import uuid
 from pathlib import Path
-from time import perf_counter
+from time import perf_counter, process_time
 from typing import Any
 
 from harel_store import Execution, TimerOp
@@ -165,7 +167,7 @@ def store_for(path: str, synchronous: str) -> tuple[SqliteStore, Execution]:
     return store, exe
 
 
-def time_store(store: SqliteStore, exe: Execution, loops: int) -> float:
+def time_store(store: SqliteStore, exe: Execution, loops: int) -> tuple[float, float]:
     tag = uuid.uuid4().hex[:8]
     work = [
         (f"e-{tag}-{i}", [TimerOp("schedule", "root/wait", LATER + i)], f"c-{tag}-{i}")
@@ -173,20 +175,20 @@ def time_store(store: SqliteStore, exe: Execution, loops: int) -> float:
     ]
     emits = [("exe-1", EVENT)]
     commit = store.commit
-    t0 = perf_counter()
+    t0, c0 = perf_counter(), process_time()
     for mark, rearm, cid in work:
         commit(exe, emits, mark, rearm, (), STEP, commit_id=cid, epoch=1)
-    return (perf_counter() - t0) / loops
+    return (perf_counter() - t0) / loops, (process_time() - c0) / loops
 
 
-def time_floor(floor: Floor, exe: Execution, loops: int) -> float:
+def time_floor(floor: Floor, exe: Execution, loops: int) -> tuple[float, float]:
     tag = uuid.uuid4().hex[:8]
     work = [(f"e-{tag}-{i}", LATER + i, f"c-{tag}-{i}") for i in range(loops)]
     commit = floor.commit
-    t0 = perf_counter()
+    t0, c0 = perf_counter(), process_time()
     for mark, fire_at, cid in work:
         commit(exe, "exe-1", EVENT, mark, fire_at, STEP, cid, 1)
-    return (perf_counter() - t0) / loops
+    return (perf_counter() - t0) / loops, (process_time() - c0) / loops
 
 
 def statements(conn: sqlite3.Connection, run: Any) -> list[str]:
@@ -213,19 +215,21 @@ def main() -> None:
             floor.populate(fexe)
             time_store(store, exe, 200)  # warm both
             time_floor(floor, fexe, 200)
-            ours: list[float] = []
-            theirs: list[float] = []
+            ours: list[tuple[float, float]] = []
+            theirs: list[tuple[float, float]] = []
             for _ in range(args.repeat):  # interleaved: both see the same machine
                 ours.append(time_store(store, exe, args.loops))
                 theirs.append(time_floor(floor, fexe, args.loops))
-            s, f = statistics.median(ours), statistics.median(theirs)
-            bs, bf = min(ours), min(theirs)
+            s, f = (statistics.median(t for t, _ in runs) for runs in (ours, theirs))
+            bs, bf = (min(t for t, _ in runs) for runs in (ours, theirs))
+            cs, cf = (statistics.median(c for _, c in runs) for runs in (ours, theirs))
             n_store = statements(store._conn, lambda s=store, e=exe: time_store(s, e, 1))  # type: ignore[arg-type]
             n_floor = statements(floor.conn, lambda f=floor, e=fexe: time_floor(f, e, 1))
             print(
                 f"{sync:6}  store {s * 1e6:7.1f} us ({len(n_store)} statements)"
                 f"  floor {f * 1e6:7.1f} us ({len(n_floor)} statements)  store/floor {s / f:.2f}x"
                 f"  | best: store {bs * 1e6:7.1f} us  floor {bf * 1e6:7.1f} us  {bs / bf:.2f}x"
+                f"  | CPU: store {cs * 1e6:7.1f} us  floor {cf * 1e6:7.1f} us  {cs / cf:.2f}x"
             )
             if args.show:
                 print("  store:", *n_store, sep="\n    ")

@@ -204,7 +204,8 @@ def _text(text: Any, what: str, i: int = -1) -> None:
 def _texts(eid: str, body: _checks.Body, commit_id: str | None) -> None:
     """:func:`_text` for every id of a commit (:func:`harel_store._checks.commit_keys`)."""
     for text, what, i in _checks.commit_keys(eid, body, commit_id):
-        _text(text, what, i)
+        if not (text.isascii() and len(text) <= _checks.KEY_BYTES_MAX):  # else plainly fine
+            _text(text, what, i)
 
 
 def _not_utf8(text: str, index: int, what: str) -> ValueError:

@@ -434,6 +434,27 @@ class StoreURL:
             raise Failed(f"cannot open {self.named}: {exc}") from None
 
 
+def unfit_source(path: str) -> str | None:
+    """Why the SQLite file ``path`` cannot be copied from, found without writing to it:
+    opening a missing or empty file as a store would make a harel_store database of
+    it. ``None`` when it may be opened (a store refuses a file of another kind itself,
+    before writing)."""
+    import pathlib
+    import sqlite3
+
+    if not os.path.exists(path):
+        return f"no such database file: {path}"
+    # mode=rw: never creates the file; and, unlike mode=ro, removes the -wal and -shm
+    # files it opens when it closes.
+    uri = f"{pathlib.Path(path).absolute().as_uri()}?mode=rw"
+    try:
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
+            (tables,) = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.Error:
+        return None
+    return None if tables else f"{path} is empty: it holds no harel_store database"
+
+
 @contextlib.contextmanager
 def existing_store(given: str, doing: str = "read") -> Iterator[tuple[StoreURL, Any]]:
     """The URL argument ``given`` and the store there, opened for a command that reads or
@@ -441,14 +462,11 @@ def existing_store(given: str, doing: str = "read") -> Iterator[tuple[StoreURL, 
     that does not exist or holds nothing is a :class:`UsageError` (opening it would make a
     database of it); an error of the store or its driver in the block is a
     :class:`Failed`: ``cannot DOING URL: why``."""
-    from .._open import sqlite_file
-    from .copy import _unfit_source
-
     url = StoreURL(given, "URL")
     url.check()
     path = sqlite_file(url.url)
     if path is not None:
-        problem = _unfit_source(path)
+        problem = unfit_source(path)
         if problem is not None:
             raise UsageError(f"cannot open {url.shown}: {problem}")
     store = url.open()

@@ -25,6 +25,7 @@ from ._common import (
     deferred,
     execute,
     poll,
+    unfit_source,
 )
 
 PROG = f"{COMMAND_LINE} copy"
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         )
     source, target = sqlite_file(args.src), sqlite_file(args.dst)
     if source is not None:
-        problem = _unfit_source(source)
+        problem = unfit_source(source)
         if problem is not None:
             raise Failed(f"cannot open {src.shown}: {problem}")
     made = target if target is not None and _make(target) else None
@@ -181,27 +182,6 @@ def _holds_something(url: StoreURL) -> bool:
             return any(store.stats().values())
     except Exception:  # noqa: BLE001 - could not look: it was empty before the copy
         return False
-
-
-def _unfit_source(path: str) -> str | None:
-    """Why the SQLite file ``path`` cannot be copied from, found without writing to it:
-    opening a missing or empty file as a store would make a harel_store database of
-    it. ``None`` when it may be opened (a store refuses a file of another kind itself,
-    before writing)."""
-    import pathlib
-    import sqlite3
-
-    if not os.path.exists(path):
-        return f"no such database file: {path}"
-    # mode=rw: never creates the file; and, unlike mode=ro, removes the -wal and -shm
-    # files it opens when it closes.
-    uri = f"{pathlib.Path(path).absolute().as_uri()}?mode=rw"
-    try:
-        with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
-            (tables,) = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-    except sqlite3.Error:
-        return None
-    return None if tables else f"{path} is empty: it holds no harel_store database"
 
 
 def _make(path: str) -> bool:

@@ -170,6 +170,20 @@ class AsyncDictStore:
         """Counts for monitoring: :meth:`DictStore.stats`."""
         return self._store.stats()  # type: ignore[no-any-return]
 
+    async def overview(self, *, now: float | None = None) -> dict[str, Any]:
+        """What the store holds: :meth:`DictStore.overview`."""
+        return self._store.overview(now=now)  # type: ignore[no-any-return]
+
+    async def list_executions(
+        self, *, after: Hashable | None = None, limit: int = 100
+    ) -> list[Any]:
+        """A page of execution ids: :meth:`DictStore.list_executions`."""
+        return self._store.list_executions(after=after, limit=limit)  # type: ignore[no-any-return]
+
+    async def prune(self, older_than: float) -> dict[str, int]:
+        """Delete old marks and commit ids: :meth:`DictStore.prune`."""
+        return self._store.prune(older_than)  # type: ignore[no-any-return]
+
     async def wait_for_work(self, timeout: float) -> bool:
         """:meth:`DictStore.wait_for_work` for work committed by another task or thread:
         the one method that awaits, pausing with ``asyncio.sleep`` between looks (1 ms at

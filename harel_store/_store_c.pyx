@@ -8,15 +8,18 @@ from copy import deepcopy
 from heapq import heapify, heappop, heappush
 from time import monotonic, sleep
 
-from cpython.float cimport PyFloat_AS_DOUBLE
+from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_FromDouble
+from libc.math cimport INFINITY
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.ref cimport PyObject, Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM
 
-from . import _checks, _records, _transfer
+from . import _checks, _operate, _records, _transfer
 from . import _digest
 from ._errors import IdempotencyConflict, StaleWriter, StoreConflict
 from ._errors import shown as _shown
+from ._listing import Listing as _Listing
 from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
 from ._records import Execution as _Exe
 
@@ -74,6 +77,7 @@ cdef Py_ssize_t _SLACK = 64
 cdef tuple _EMPTY = ()
 cdef str _SCHEDULE = "schedule"
 cdef str _CANCEL = "cancel"
+cdef double _STAMP = 0.001
 cdef object _reentered = _checks.reentered
 cdef object _bad_exe = _checks.bad_exe
 
@@ -200,9 +204,11 @@ cdef class _Fifo:
     cdef dict leases
     cdef list expiries
     cdef list retry
+    cdef object stamps
 
     def __cinit__(self):
         self.renew(deque())
+        self.stamps = deque()
         self.live = None
         self.fresh = None
         self.leases = {}
@@ -246,6 +252,72 @@ cdef class _Fifo:
                 self.fresh.extend(records)
         return 0
 
+    cdef int drained(self) except -1:
+        cdef object stamps = self.stamps
+        while len(stamps) > 1:
+            stamps.popleft()
+        return 0
+
+    cdef int stamp(self, long long first, object now) except -1:
+        cdef object stamps = self.stamps
+        if not self.entries:
+            stamps.clear()
+        elif (<tuple>stamps[len(stamps) - 1])[0] == first:
+            stamps.pop()
+        stamps.append((first, now))
+        if len(stamps) > 2 * len(self.entries) + 8:
+            self.compact()
+        return 0
+
+    cdef int compact(self) except -1:
+        cdef set live = self.live
+        cdef list stamps = list(self.stamps)
+        cdef object kept = deque()
+        cdef Py_ssize_t i = 0
+        cdef object entry, seq
+        for entry in self.entries:
+            seq = (<tuple>entry)[0]
+            if live is not None and seq not in live:
+                continue
+            while i + 1 < len(stamps) and (<tuple>stamps[i + 1])[0] <= seq:
+                i += 1
+            if stamps and (not kept or kept[len(kept) - 1] is not stamps[i]):
+                kept.append(stamps[i])
+        if stamps and (not kept or kept[len(kept) - 1] is not stamps[len(stamps) - 1]):
+            kept.append(stamps[len(stamps) - 1])
+        self.stamps = kept
+        return 0
+
+    cdef object oldest(self):
+        cdef object entries = self.entries
+        cdef object stamps = self.stamps
+        cdef object first
+        if not entries:
+            return None
+        first = (<tuple>entries[0])[0]
+        while len(stamps) > 1 and (<tuple>stamps[1])[0] <= first:
+            stamps.popleft()
+        return (<tuple>stamps[0])[1] if stamps else None
+
+    cdef tuple leased(self, double clock):
+        cdef set live = self.live
+        cdef dict leases = self.leases
+        cdef Py_ssize_t held = 0, expired = 0
+        cdef object seq, lease, retried
+        if live is None:
+            return 0, 0
+        for seq, lease in leases.items():
+            if seq in live:
+                if PyFloat_AS_DOUBLE((<tuple>lease)[0]) > clock:
+                    held += 1
+                else:
+                    expired += 1
+        for retried in self.retry:
+            seq = (<tuple>retried)[0]
+            if seq in live and seq not in leases:
+                expired += 1
+        return held, expired
+
     cdef int ack(self, object seq) except -1:
         cdef object entries = self.entries
         cdef object e
@@ -255,9 +327,13 @@ cdef class _Fifo:
             # Identity: the int stored here is recognised without touching its memory.
             if seq is (<tuple>entries[0])[0]:
                 entries.popleft()
+                if size == 1:
+                    self.drained()
                 return 0
             if seq is (<tuple>entries[size - 1])[0]:
                 entries.pop()
+                if size == 1:
+                    self.drained()
                 return 0
         if type(seq) is not int:
             seq = _checks.as_int(seq, "seq")
@@ -266,9 +342,13 @@ cdef class _Fifo:
                 return 0
             if seq == (<tuple>entries[0])[0]:
                 entries.popleft()
+                if size == 1:
+                    self.drained()
                 return 0
             if seq == (<tuple>entries[size - 1])[0]:
                 entries.pop()
+                if size == 1:
+                    self.drained()
                 return 0
             if not (<tuple>entries[0])[0] < seq < (<tuple>entries[size - 1])[0]:
                 return 0
@@ -288,6 +368,7 @@ cdef class _Fifo:
                 self.retry = [e for e in self.retry if (<tuple>e)[0] in live]
                 heapify(self.retry)
         if not live:
+            self.drained()
             if fresh is None:
                 self.live = None
         elif len(entries) > 2 * len(live) + _SLACK:
@@ -387,7 +468,7 @@ cdef class _Ring:
 cdef class _Slot:
     """Everything the store holds for one execution id; each part ``None`` until used."""
 
-    cdef object exe
+    cdef readonly object exe  # read by _listing
     cdef dict marks
     cdef dict paths
     cdef _Ring ring
@@ -590,8 +671,12 @@ cdef class DictStore:
     cdef list _heap
     cdef list _armed
     cdef list _leased
+    cdef object _listing
     cdef object _trace_max
     cdef object _clock
+    cdef bint _monotonic
+    cdef object _stamp
+    cdef double _stamped
     cdef Py_ssize_t _maxlen
     cdef long long _seq
     cdef long long _spawn_seq
@@ -599,6 +684,7 @@ cdef class DictStore:
     cdef long long _seen_work
     cdef Py_ssize_t _n_exes
     cdef Py_ssize_t _n_marks
+    cdef Py_ssize_t _n_ids
     cdef Py_ssize_t _n_timers
     cdef Py_ssize_t _n_dead
     cdef Py_ssize_t _n_rings
@@ -620,12 +706,15 @@ cdef class DictStore:
         self._trace_max = DEFAULT_TRACE_MAX
         self._maxlen = DEFAULT_TRACE_MAX
         self._clock = monotonic
+        self._monotonic = True
+        self._stamped = -INFINITY
 
     def __init__(self, *, trace_max=DEFAULT_TRACE_MAX, clock=None):
         if clock is not None and not callable(clock):
             raise TypeError(f"clock must be a function giving seconds, got {type(clock).__name__}")
         self.trace_max = trace_max
         self._clock = monotonic if clock is None else clock
+        self._monotonic = self._clock is monotonic
 
     def __enter__(self):
         return self
@@ -698,6 +787,8 @@ cdef class DictStore:
         cdef PyObject *prior
         cdef tuple fence
         cdef long long n
+        cdef object now = None
+        cdef double at
         cdef Py_ssize_t size
         if self._busy:
             raise _reentered("commit")
@@ -810,6 +901,12 @@ cdef class DictStore:
                     born,
                     None if step is None else step.copy(),
                 )
+            if processed_event_id is not None or commit_id is not None or out or born:
+                # When marks, commit ids and entries are recorded, read before the CAS.
+                at = self._now()
+                if not 0.0 <= at - self._stamped < _STAMP:
+                    self._restamp(at)
+                now = self._stamp
             try:
                 slot = slots.get(eid)
             except TypeError:
@@ -836,12 +933,12 @@ cdef class DictStore:
             if slot is None:
                 slot = _Slot()
                 if late_mark:
-                    slot.marks = {processed_event_id: None}
+                    slot.marks = {processed_event_id: now}
                 if PyDict_SetDefault(slots, eid, slot) != <PyObject *>slot:
                     raise _checks.inconsistent("the execution id")
                 undo = slots
             elif late_mark and (not str_keys or self._mixed):
-                undo = self._mark_first(slot, processed_event_id)
+                undo = self._mark_first(slot, processed_event_id, now)
                 late_mark = False
             try:
                 if _own_slots(exe):
@@ -870,16 +967,19 @@ cdef class DictStore:
                 if undo is slots:
                     self._n_marks += 1
                 elif marks is None:
-                    slot.marks = {processed_event_id: None}
+                    slot.marks = {processed_event_id: now}
                     self._n_marks += 1
                 else:
                     size = PyDict_GET_SIZE(marks)
-                    PyDict_SetDefault(marks, processed_event_id, None)
+                    PyDict_SetDefault(marks, processed_event_id, now)
                     self._n_marks += PyDict_GET_SIZE(marks) - size
             if not str_keys:
                 self._mixed = True
-            if commit_id is not None or epoch is not None:
-                _enter(slot, commit_id, epoch, version + 1, body)
+            if commit_id is not None:
+                _enter(slot, commit_id, epoch, version + 1, body, now)
+                self._n_ids += 1
+            elif epoch is not None:
+                _enter(slot, None, epoch, version + 1, None, now)
 
             if out:
                 self._outbox.extend(out, self._seq + 1, self._seq + len(out))
@@ -1108,6 +1208,8 @@ cdef class DictStore:
                 self._n_exes -= 1
             if slot.marks is not None:
                 self._n_marks -= len(slot.marks)
+            if slot.commits is not None:
+                self._n_ids -= len(slot.commits)
             if slot.paths is not None:
                 for entry in slot.paths.values():
                     entry[2] = _DEAD
@@ -1118,6 +1220,11 @@ cdef class DictStore:
             if slot.ring is not None:
                 self._n_rings -= 1
                 self._n_steps -= len(slot.ring.steps)
+            listing = self._listing
+            if listing is not None:
+                self._listing = None
+                listing.forgot(execution_id)
+                self._listing = listing
         finally:
             self._busy = False
 
@@ -1131,6 +1238,94 @@ cdef class DictStore:
             "traces": self._n_rings,
             "trace_steps": self._n_steps,
         }
+
+    def overview(self, *, now=None):
+        cdef double clock
+        cdef Py_ssize_t timers_leased = 0, timers_expired = 0
+        cdef tuple held
+        cdef list entry
+        if self._busy:
+            raise _reentered("overview")
+        self._busy = True
+        try:
+            clock = self._now()
+            now = clock if now is None else _checks.as_now(now)
+            outbox_leased, outbox_expired = self._outbox.leased(clock)
+            spawns_leased, spawns_expired = self._spawns.leased(clock)
+            for held in self._leased:
+                entry = <list>held[2]
+                if entry[2] is not _DEAD:
+                    if PyFloat_AS_DOUBLE(held[0]) > clock:
+                        timers_leased += 1
+                    else:
+                        timers_expired += 1
+            due, next_at = self._timers_at(now)
+            return dict(zip(_operate.OVERVIEW_KEYS, (
+                self._n_exes, len(self._outbox), len(self._spawns), self._n_timers,
+                self._n_marks, self._n_ids, _operate.age(clock, self._outbox.oldest()),
+                _operate.age(clock, self._spawns.oldest()), outbox_leased, spawns_leased,
+                timers_leased, outbox_expired + spawns_expired + timers_expired, due, next_at,
+            )))
+        finally:
+            self._busy = False
+
+    def list_executions(self, *, after=None, limit=100):
+        if self._busy:
+            raise _reentered("list_executions")
+        limit = _operate.as_page(limit)
+        self._busy = True
+        try:
+            listing = self._listing
+            self._listing = None
+            if listing is None:
+                listing = _Listing()
+            page = listing.page(self._slots, after, limit)
+            self._listing = listing
+            return page
+        finally:
+            self._busy = False
+
+    def prune(self, older_than):
+        cdef double cutoff
+        cdef _Slot slot
+        cdef dict marks, commits
+        cdef object new_marks, new_commits, t, done
+        cdef list plans = []
+        cdef tuple plan
+        cdef Py_ssize_t gone_marks = 0, gone_ids = 0
+        if self._busy:
+            raise _reentered("prune")
+        older_than = _operate.as_older_than(older_than)
+        self._busy = True
+        try:
+            cutoff = self._now() - <double>older_than - _STAMP
+            for slot in self._slots.values():
+                marks = slot.marks
+                commits = slot.commits
+                new_marks = marks
+                new_commits = commits
+                if marks is not None and any(<double>t < cutoff for t in marks.values()):
+                    new_marks = {k: t for k, t in marks.items() if not <double>t < cutoff}
+                    gone_marks += len(marks) - len(new_marks)
+                if commits is not None and any(
+                    <double>(<tuple>done)[2] < cutoff for done in commits.values()
+                ):
+                    new_commits = {
+                        k: done for k, done in commits.items()
+                        if not <double>(<tuple>done)[2] < cutoff
+                    }
+                    gone_ids += len(commits) - len(new_commits)
+                if new_marks is not marks or new_commits is not commits:
+                    plans.append((slot, new_marks or None, new_commits or None))
+            for plan in plans:
+                slot = <_Slot>plan[0]
+                slot.marks = plan[1]
+                slot.commits = plan[2]
+            self._n_marks -= gone_marks
+            self._n_ids -= gone_ids
+            return dict(zip(_operate.PRUNE_KEYS, (gone_marks, gone_ids)))
+        finally:
+            self._busy = False
 
     def wait_for_work(self, timeout):
         timeout = _checks.as_timeout(timeout)
@@ -1222,8 +1417,9 @@ cdef class DictStore:
         cdef _Slot slot
         cdef _Ring ring
         cdef long long seq = 0, spawn_seq = 0, last_out = 0, last_spawn = 0, n
-        cdef Py_ssize_t n_exes = 0, n_marks = 0, n_rings = 0, n_steps = 0
+        cdef Py_ssize_t n_exes = 0, n_marks = 0, n_ids = 0, n_rings = 0, n_steps = 0
         cdef bint mixed = False
+        cdef object now
         cdef object kind, exe, eid, version, epoch, event_id, commit_id, body, next_index
         cdef object path, fire_at, target, event, parent_id, child_id, root_path, context
         cdef list kept
@@ -1237,6 +1433,7 @@ cdef class DictStore:
                     "timers": self._n_timers, "trace rings": self._n_rings,
                     "outbox entries": len(self._outbox), "spawn intents": len(self._spawns),
                 })
+            now = PyFloat_FromDouble(self._now())  # what is restored counts as recorded now
             for record in records:
                 kind = record[0]
                 if kind == "execution":
@@ -1269,7 +1466,7 @@ cdef class DictStore:
                         raise ValueError(
                             f"two processed marks {_shown(event_id)} of {_shown(eid)} to restore"
                         )
-                    slot.marks[event_id] = None
+                    slot.marks[event_id] = now
                     n_marks += 1
                     mixed = mixed or type(event_id) is not str
                 elif kind == "commit":
@@ -1291,7 +1488,8 @@ cdef class DictStore:
                         raise ValueError(
                             f"two commit ids {_shown(commit_id)} of {_shown(eid)} to restore"
                         )
-                    slot.commits[commit_id] = (version, body)
+                    slot.commits[commit_id] = (version, body, now)
+                    n_ids += 1
                 elif kind == "trace":
                     _, eid, next_index, steps = record
                     next_index = _checks.restored_counter(next_index, "next_index")
@@ -1351,7 +1549,12 @@ cdef class DictStore:
                 elif kind != "total":
                     _transfer.check_kind(kind)
 
+            if outbox.entries:
+                outbox.stamps.append(((<tuple>outbox.entries[0])[0], now))
+            if spawns.entries:
+                spawns.stamps.append(((<tuple>spawns.entries[0])[0], now))
             self._slots = slots
+            self._listing = None
             self._outbox = outbox
             self._spawns = spawns
             self._heap = []
@@ -1362,6 +1565,7 @@ cdef class DictStore:
             self._timer_seq = len(armed)
             self._n_exes = n_exes
             self._n_marks = n_marks
+            self._n_ids = n_ids
             self._n_timers = len(armed)
             self._n_dead = 0
             self._n_rings = n_rings
@@ -1401,22 +1605,33 @@ cdef class DictStore:
             raise StaleWriter(eid, epoch, slot.epoch)
         return commit_id, epoch
 
-    cdef dict _mark_first(self, _Slot slot, object event_id):
+    cdef dict _mark_first(self, _Slot slot, object event_id, object now):
         cdef dict marks = slot.marks
         cdef Py_ssize_t size
         if marks is None:
-            marks = {event_id: None}
+            marks = {event_id: now}
             slot.marks = marks
         else:
             size = len(marks)
-            PyDict_SetDefault(marks, event_id, None)
+            PyDict_SetDefault(marks, event_id, now)
             if len(marks) == size:
                 return None
         self._n_marks += 1
         return marks
 
+    cdef int _restamp(self, double at) except -1:
+        self._stamp = PyFloat_FromDouble(at)
+        self._stamped = at
+        self._outbox.stamp(self._seq + 1, self._stamp)
+        self._spawns.stamp(self._spawn_seq + 1, self._stamp)
+        return 0
+
     cdef double _now(self) except? -1.0:
         cdef double at
+        cdef timespec ts
+        if self._monotonic:  # time.monotonic's own clock and arithmetic, without the call
+            clock_gettime(CLOCK_MONOTONIC, &ts)
+            return <double>(ts.tv_sec * 1000000000LL + ts.tv_nsec) / 1e9
         now = self._clock()
         if type(now) is float:
             at = PyFloat_AS_DOUBLE(now)
@@ -1436,6 +1651,37 @@ cdef class DictStore:
             return fifo.claim(limit, now + <double>lease, now)
         finally:
             self._busy = False
+
+    cdef tuple _timers_at(self, double now):
+        cdef list heap, entry, later = [], stack
+        cdef Py_ssize_t size, i, child, due = 0
+        cdef tuple held
+        if self._armed:
+            self._heap_armed()
+        heap = self._heap
+        size = len(heap)
+        stack = [0] if size else []
+        while stack:
+            i = stack.pop()
+            entry = <list>heap[i]
+            if PyFloat_AS_DOUBLE(entry[0]) <= now or entry[2] is _DEAD:
+                if entry[2] is not _DEAD:
+                    due += 1
+                child = 2 * i + 1
+                if child < size:
+                    stack.append(child)
+                if child + 1 < size:
+                    stack.append(child + 1)
+            else:
+                later.append(entry[0])
+        for held in self._leased:
+            entry = <list>held[2]
+            if entry[2] is not _DEAD:
+                if PyFloat_AS_DOUBLE(entry[0]) <= now:
+                    due += 1
+                else:
+                    later.append(entry[0])
+        return due, min(later) if later else None
 
     cdef int _apply_timers(self, _Slot slot, object eid, tuple ops) except -1:
         cdef dict paths = slot.paths
@@ -1534,11 +1780,13 @@ cdef class DictStore:
         return 0
 
 
-cdef int _enter(_Slot slot, object commit_id, object epoch, object version, tuple body) except -1:
+cdef int _enter(
+    _Slot slot, object commit_id, object epoch, object version, tuple body, object now
+) except -1:
     if commit_id is not None:
         if slot.commits is None:
             slot.commits = {}
-        slot.commits[commit_id] = (version, body)
+        slot.commits[commit_id] = (version, body, now)
     if epoch is not None and (slot.epoch is None or epoch > slot.epoch):
         slot.epoch = epoch
     return 0

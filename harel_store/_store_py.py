@@ -40,9 +40,10 @@ from math import isnan
 from time import monotonic, sleep
 from typing import Any
 
-from . import _checks, _transfer
+from . import _checks, _operate, _transfer
 from ._errors import IdempotencyConflict, StaleWriter, StoreConflict
 from ._errors import shown as _shown
+from ._listing import Listing as _Listing
 from ._records import DEFAULT_TRACE_MAX, OutboxEntry, SpawnEntry, TimerOp
 from ._records import Execution as _Exe
 
@@ -58,6 +59,7 @@ _SLACK = 64  # dead or stale entries tolerated before a rebuild
 _EMPTY: tuple[Any, ...] = ()
 _SCHEDULE = "schedule"
 _CANCEL = "cancel"
+_STAMP = 0.001  # how long one stamp serves: marks, commit ids and entries are timed to it
 _reentered = _checks.reentered
 _bad_exe = _checks.bad_exe
 
@@ -72,6 +74,10 @@ class _Fifo:
     deque is rebuilt. Emptied or rebuilt, it is dense again. Every ack is O(1) amortized,
     whatever the order, and memory stays proportional to what is pending.
 
+    ``stamps``: ``(seq, time)`` in seq order: the entries from ``seq`` up to the next
+    stamp's were committed at ``time`` or within the millisecond after it, on the
+    store's clock. Kept in step with what is pending.
+
     Claims: the first one keeps ``live`` for good and adds ``fresh``, the entries never
     claimed, in seq order; ``leases``, seq -> (expiry, entry) of the live leases;
     ``expiries``, a heap of (expiry, seq) that may hold leases already ended; and
@@ -80,10 +86,11 @@ class _Fifo:
     the leases that ran out and the acked entries it passes, each passed once.
     """
 
-    __slots__ = ("entries", "expiries", "fresh", "leases", "live", "retry")
+    __slots__ = ("entries", "expiries", "fresh", "leases", "live", "retry", "stamps")
 
     def __init__(self) -> None:
         self.entries: deque[Any] = deque()
+        self.stamps: deque[tuple[int, float]] = deque()
         self.live: set[int] | None = None
         self.fresh: deque[Any] | None = None
         self.leases: dict[int, tuple[float, Any]] = {}
@@ -107,9 +114,13 @@ class _Fifo:
             # recognised without reading it.
             if seq is entries[0][0]:
                 entries.popleft()
+                if not entries:
+                    self.drained()
                 return
             if seq is entries[-1][0]:
                 entries.pop()
+                if not entries:
+                    self.drained()
                 return
         if type(seq) is not int:
             seq = _checks.as_int(seq, "seq")
@@ -118,9 +129,13 @@ class _Fifo:
                 return
             if seq == entries[0][0]:
                 entries.popleft()
+                if not entries:
+                    self.drained()
                 return
             if seq == entries[-1][0]:
                 entries.pop()
+                if not entries:
+                    self.drained()
                 return
             if not entries[0][0] < seq < entries[-1][0]:
                 return
@@ -142,12 +157,78 @@ class _Fifo:
         # Dense again only when empty or rebuilt: both follow at least as many acks as
         # the set cost to build, so acks that keep landing in the middle stay O(1).
         if not live:
+            self.drained()
             if fresh is None:
                 self.live = None
         elif len(entries) > 2 * len(live) + _SLACK:
             self.entries = deque([e for e in entries if e[0] in live])
             if fresh is None:
                 self.live = None
+
+    def drained(self) -> None:
+        """Nothing is pending: only the last stamp may time an entry (one still to come)."""
+        stamps = self.stamps
+        while len(stamps) > 1:
+            stamps.popleft()
+
+    def stamp(self, first: int, now: float) -> None:
+        """The entries from ``first`` on were committed at ``now``."""
+        stamps = self.stamps
+        if not self.entries:
+            stamps.clear()  # none is pending: no stamp times anything
+        elif stamps[-1][0] == first:
+            stamps.pop()  # no entry came under the previous one
+        stamps.append((first, now))
+        if len(stamps) > 2 * len(self.entries) + 8:
+            self.compact()
+
+    def compact(self) -> None:
+        """Keep only the stamps that time a pending entry, and the last."""
+        live = self.live
+        stamps = list(self.stamps)
+        kept: deque[tuple[int, float]] = deque()
+        i = 0
+        for entry in self.entries:
+            seq = entry[0]
+            if live is not None and seq not in live:
+                continue
+            while i + 1 < len(stamps) and stamps[i + 1][0] <= seq:
+                i += 1
+            if stamps and (not kept or kept[-1] is not stamps[i]):
+                kept.append(stamps[i])
+        if stamps and (not kept or kept[-1] is not stamps[-1]):
+            kept.append(stamps[-1])  # the entries still to come are under it
+        self.stamps = kept
+
+    def oldest(self) -> float | None:
+        """When the oldest pending entry was committed, ``None`` when none is."""
+        entries = self.entries
+        stamps = self.stamps
+        if not entries:
+            return None
+        first = entries[0][0]  # the head is always pending
+        while len(stamps) > 1 and stamps[1][0] <= first:
+            stamps.popleft()
+        return stamps[0][1] if stamps else None
+
+    def leased(self, clock: float) -> tuple[int, int]:
+        """How many pending entries a lease holds at ``clock``, and how many a lease
+        held that ran out unacked."""
+        live = self.live
+        if live is None:  # never claimed
+            return 0, 0
+        held = expired = 0
+        for seq, (until, _) in self.leases.items():
+            if seq in live:
+                if until > clock:
+                    held += 1
+                else:
+                    expired += 1
+        leases = self.leases
+        for seq, _ in self.retry:
+            if seq in live and seq not in leases:
+                expired += 1
+        return held, expired
 
     def claim(self, limit: int, until: float, now: float) -> list[Any]:
         """Lease up to ``limit`` entries until ``until``, oldest first, skipping those
@@ -208,10 +289,11 @@ class _Slot:
 
     def __init__(self) -> None:
         self.exe: Any = None
-        self.marks: dict[Hashable, None] | None = None
+        self.marks: dict[Hashable, float] | None = None  # event id -> when recorded
         self.paths: dict[Hashable, list[Any]] | None = None
         self.ring: _Ring | None = None
-        self.commits: dict[str, tuple[int, tuple[Any, ...]]] | None = None
+        # commit id -> (version, body, when recorded)
+        self.commits: dict[str, tuple[int, tuple[Any, ...], float]] | None = None
         self.epoch: int | None = None
 
 
@@ -383,10 +465,12 @@ class DictStore:
         "_clock",
         "_heap",
         "_leased",
+        "_listing",
         "_maxlen",
         "_mixed",
         "_n_dead",
         "_n_exes",
+        "_n_ids",
         "_n_marks",
         "_n_rings",
         "_n_steps",
@@ -397,6 +481,7 @@ class DictStore:
         "_slots",
         "_spawn_seq",
         "_spawns",
+        "_stamp",
         "_timer_seq",
         "_trace_max",
     )
@@ -417,12 +502,15 @@ class DictStore:
     _heap: list[list[Any]]
     _armed: list[list[Any]]
     _leased: list[tuple[float, int, list[Any]]]
+    _listing: _Listing | None
     _seq: int
     _spawn_seq: int
     _timer_seq: int
     _seen_work: int
+    _stamp: float
     _n_exes: int
     _n_marks: int
+    _n_ids: int
     _n_timers: int
     _n_dead: int
     _n_rings: int
@@ -441,8 +529,10 @@ class DictStore:
         self._heap = []
         self._armed = []
         self._leased = []
+        self._listing = None
+        self._stamp = -float("inf")  # the first commit stamps
         self._seq = self._spawn_seq = self._timer_seq = self._seen_work = 0
-        self._n_exes = self._n_marks = self._n_timers = self._n_dead = 0
+        self._n_exes = self._n_marks = self._n_ids = self._n_timers = self._n_dead = 0
         self._n_rings = self._n_steps = 0
         return self
 
@@ -706,6 +796,19 @@ class DictStore:
                     born,
                     None if step is None else step.copy(),
                 )
+            # When marks, commit ids and entries are recorded: the store's clock, read
+            # here, before the CAS, as it may be the caller's code.
+            stamp = 0.0
+            if processed_event_id is not None or commit_id is not None or out or born:
+                # One stamp (a float object) serves every commit of a millisecond.
+                now = self._clock()
+                stamp = self._stamp
+                try:
+                    late = now - stamp
+                except TypeError:
+                    late = -1.0  # not a number: _restamp names it
+                if not 0.0 <= late < _STAMP:
+                    stamp = self._restamp(now)
             slots = self._slots
             try:
                 slot = slots.get(eid)
@@ -758,12 +861,12 @@ class DictStore:
             if slot is None:
                 slot = _Slot()
                 if late_mark:
-                    slot.marks = {processed_event_id: None}
+                    slot.marks = {processed_event_id: stamp}
                 if slots.setdefault(eid, slot) is not slot:
                     raise _checks.inconsistent("the execution id")
                 undo = slots
             elif late_mark and (not str_keys or self._mixed):
-                undo = self._mark_first(slot, processed_event_id)
+                undo = self._mark_first(slot, processed_event_id, stamp)
                 late_mark = False
             try:
                 exe.version = version + 1
@@ -784,15 +887,18 @@ class DictStore:
                 if undo is slots:
                     self._n_marks += 1
                 elif marks is None:
-                    slot.marks = {processed_event_id: None}
+                    slot.marks = {processed_event_id: stamp}
                     self._n_marks += 1
                 elif processed_event_id not in marks:
-                    marks[processed_event_id] = None
+                    marks[processed_event_id] = stamp
                     self._n_marks += 1
             if not str_keys:
                 self._mixed = True
-            if commit_id is not None or epoch is not None:
-                _enter(slot, commit_id, epoch, version + 1, body if commit_id is not None else None)
+            if commit_id is not None:
+                _enter(slot, commit_id, epoch, version + 1, body, stamp)
+                self._n_ids += 1
+            elif epoch is not None:
+                _enter(slot, None, epoch, version + 1, None, stamp)
 
             if out:
                 fifo = self._outbox  # _Fifo.extend, inlined: this is the hot path
@@ -1089,6 +1195,8 @@ class DictStore:
                 self._n_exes -= 1
             if slot.marks is not None:
                 self._n_marks -= len(slot.marks)
+            if slot.commits is not None:
+                self._n_ids -= len(slot.commits)
             if slot.paths is not None:
                 for entry in slot.paths.values():
                     entry[2] = _DEAD
@@ -1099,6 +1207,13 @@ class DictStore:
             if slot.ring is not None:
                 self._n_rings -= 1
                 self._n_steps -= len(slot.ring.steps)
+            listing = self._listing
+            if listing is not None:
+                # The id's own code runs again here: if it raises, the listing is made
+                # anew by the next list_executions.
+                self._listing = None
+                listing.forgot(execution_id)
+                self._listing = listing
         finally:
             self._busy = False
 
@@ -1113,6 +1228,98 @@ class DictStore:
             "traces": self._n_rings,
             "trace_steps": self._n_steps,
         }
+
+    def overview(self, *, now: float | None = None) -> dict[str, Any]:
+        """What the store holds and whether its relays and sweepers keep up: the counts
+        of :meth:`stats` with ``commit_ids``, the age in seconds of the oldest pending
+        outbox and spawn entry, the live and the run-out leases, and ``timers_due`` and
+        ``next_timer_at`` at ``now`` (default the store's clock). Ages and leases are
+        on the store's clock. Costs in proportion to the live leases and the due timers,
+        not to what the store holds."""
+        if self._busy:
+            raise _reentered("overview")
+        self._busy = True
+        try:
+            clock = self._now()
+            now = clock if now is None else _checks.as_now(now)
+            outbox = self._outbox
+            spawns = self._spawns
+            outbox_leased, outbox_expired = outbox.leased(clock)
+            spawns_leased, spawns_expired = spawns.leased(clock)
+            timers_leased = timers_expired = 0
+            for until, _, entry in self._leased:
+                if entry[2] is not _DEAD:
+                    if until > clock:
+                        timers_leased += 1
+                    else:
+                        timers_expired += 1
+            due, next_at = self._timers_at(now)
+            return dict(zip(_operate.OVERVIEW_KEYS, (
+                self._n_exes, len(outbox), len(spawns), self._n_timers, self._n_marks,
+                self._n_ids, _operate.age(clock, outbox.oldest()),
+                _operate.age(clock, spawns.oldest()), outbox_leased, spawns_leased,
+                timers_leased, outbox_expired + spawns_expired + timers_expired, due, next_at,
+            )))  # fmt: skip
+        finally:
+            self._busy = False
+
+    def list_executions(self, *, after: Hashable | None = None, limit: int = 100) -> list[Any]:
+        """Up to ``limit`` execution ids, in the order the store first held them, after
+        ``after`` (the last id of the previous page; ``None`` from the start). An id
+        forgotten since its page was read still marks where that page ended; an id this
+        store never listed raises ``ValueError``. Costs in proportion to the page."""
+        if self._busy:
+            raise _reentered("list_executions")
+        limit = _operate.as_page(limit)
+        self._busy = True
+        try:
+            listing = self._listing
+            # Dropped while it works: if an id's own code raises, the next call starts anew.
+            self._listing = None
+            if listing is None:
+                listing = _Listing()
+            page = listing.page(self._slots, after, limit)
+            self._listing = listing
+            return page
+        finally:
+            self._busy = False
+
+    def prune(self, older_than: float) -> dict[str, int]:
+        """Delete the processed marks and commit ids recorded more than ``older_than``
+        seconds ago (on the store's clock), in every execution; how many of each it
+        deleted. An event whose mark is gone is no longer deduplicated, and a replay of a
+        commit id that is gone is applied as a new commit."""
+        if self._busy:
+            raise _reentered("prune")
+        older_than = _operate.as_older_than(older_than)
+        self._busy = True
+        try:
+            # A stamp may be up to _STAMP older than what it times: never prune early.
+            cutoff = self._now() - older_than - _STAMP
+            # Worked out aside (keys whose own code runs are hashed here), then written.
+            plans = []
+            gone_marks = gone_ids = 0
+            for slot in self._slots.values():
+                marks = slot.marks
+                commits = slot.commits
+                new_marks: Any = marks
+                new_commits: Any = commits
+                if marks is not None and any(t < cutoff for t in marks.values()):
+                    new_marks = {k: t for k, t in marks.items() if not t < cutoff}
+                    gone_marks += len(marks) - len(new_marks)
+                if commits is not None and any(c[2] < cutoff for c in commits.values()):
+                    new_commits = {k: c for k, c in commits.items() if not c[2] < cutoff}
+                    gone_ids += len(commits) - len(new_commits)
+                if new_marks is not marks or new_commits is not commits:
+                    plans.append((slot, new_marks or None, new_commits or None))
+            for slot, new_marks, new_commits in plans:
+                slot.marks = new_marks
+                slot.commits = new_commits
+            self._n_marks -= gone_marks
+            self._n_ids -= gone_ids
+            return dict(zip(_operate.PRUNE_KEYS, (gone_marks, gone_ids)))
+        finally:
+            self._busy = False
 
     def wait_for_work(self, timeout: float) -> bool:
         """``True`` as soon as this store has committed outbox or spawn entries or armed a
@@ -1180,7 +1387,7 @@ class DictStore:
                     yield ("mark", eid, event_id)
         for eid, slot in slots:
             if slot.commits is not None:
-                for commit_id, (version, body) in slot.commits.items():
+                for commit_id, (version, body, _) in slot.commits.items():
                     yield ("commit", eid, commit_id, version, body)
         for eid, slot in slots:
             if slot.ring is not None:
@@ -1216,7 +1423,8 @@ class DictStore:
             spawns = _Fifo()
             armed: list[list[Any]] = []
             seq = spawn_seq = last_out = last_spawn = 0
-            n_exes = n_marks = n_rings = n_steps = 0
+            n_exes = n_marks = n_ids = n_rings = n_steps = 0
+            now = self._now()  # what is restored counts as recorded now
             mixed = False
             for record in records:
                 kind = record[0]
@@ -1252,7 +1460,7 @@ class DictStore:
                         raise ValueError(
                             f"two processed marks {_shown(event_id)} of {_shown(eid)} to restore"
                         )
-                    slot.marks[event_id] = None
+                    slot.marks[event_id] = now
                     n_marks += 1
                     mixed = mixed or type(event_id) is not str
                 elif kind == "commit":
@@ -1267,7 +1475,8 @@ class DictStore:
                         raise ValueError(
                             f"two commit ids {_shown(commit_id)} of {_shown(eid)} to restore"
                         )
-                    slot.commits[commit_id] = (version, body)
+                    slot.commits[commit_id] = (version, body, now)
+                    n_ids += 1
                 elif kind == "trace":
                     _, eid, next_index, steps = record
                     next_index = _checks.restored_counter(next_index, "next_index")
@@ -1324,8 +1533,13 @@ class DictStore:
                 elif kind != "total":
                     _transfer.check_kind(kind)
 
+            if outbox.entries:
+                outbox.stamps.append((outbox.entries[0][0], now))
+            if spawns.entries:
+                spawns.stamps.append((spawns.entries[0][0], now))
             # Install: no caller code runs from here on.
             self._slots = slots
+            self._listing = None
             self._outbox = outbox
             self._spawns = spawns
             self._heap = []
@@ -1338,6 +1552,7 @@ class DictStore:
             self._timer_seq = len(armed)
             self._n_exes = n_exes
             self._n_marks = n_marks
+            self._n_ids = n_ids
             self._n_timers = len(armed)
             self._n_dead = 0
             self._n_rings = n_rings
@@ -1379,25 +1594,66 @@ class DictStore:
             raise StaleWriter(eid, epoch, slot.epoch)
         return commit_id, epoch
 
-    def _mark_first(self, slot: _Slot, event_id: Hashable) -> dict[Hashable, None] | None:
+    def _mark_first(
+        self, slot: _Slot, event_id: Hashable, now: float
+    ) -> dict[Hashable, float] | None:
         """Insert a mark whose lookups may run caller code, before the version setter;
         the table to ``popitem()`` if that raises, or None when nothing was added."""
         marks = slot.marks
         if marks is None:
-            slot.marks = marks = {event_id: None}
+            slot.marks = marks = {event_id: now}
         else:
             size = len(marks)
-            marks.setdefault(event_id)
+            marks.setdefault(event_id, now)
             if len(marks) == size:
                 return None
         self._n_marks += 1
         return marks
+
+    def _restamp(self, now: Any) -> float:
+        """The stamp of the commits from ``now`` (a reading of the clock) on, and of the
+        outbox and spawn entries they add."""
+        stamp: float = now
+        if type(now) is not float or now - now != 0.0:
+            stamp = _checks.as_clock(now)
+        self._stamp = stamp
+        self._outbox.stamp(self._seq + 1, stamp)
+        self._spawns.stamp(self._spawn_seq + 1, stamp)
+        return stamp
 
     def _now(self) -> float:
         now = self._clock()
         if type(now) is not float or now - now != 0.0:
             now = _checks.as_clock(now)
         return now
+
+    def _timers_at(self, now: float) -> tuple[int, float | None]:
+        """How many armed timers are due at ``now`` (leased ones included), and the
+        earliest ``fire_at`` after it; in proportion to the due and dead ones."""
+        if self._armed:
+            self._heap_armed()
+        heap = self._heap
+        size = len(heap)
+        due = 0
+        later = []
+        stack = [0] if heap else []
+        while stack:
+            i = stack.pop()
+            entry = heap[i]
+            if entry[0] <= now or entry[2] is _DEAD:
+                if entry[2] is not _DEAD:
+                    due += 1
+                child = 2 * i + 1
+                stack.extend(c for c in (child, child + 1) if c < size)
+            else:  # the rest of this branch fires later still
+                later.append(entry[0])
+        for _, _, entry in self._leased:
+            if entry[2] is not _DEAD:
+                if entry[0] <= now:
+                    due += 1
+                else:
+                    later.append(entry[0])
+        return due, min(later) if later else None
 
     def _apply_timers(self, slot: _Slot, eid: Hashable, ops: tuple[TimerOp, ...]) -> None:
         """Apply checked ops whose paths are exact strs, in place: no caller code runs."""
@@ -1502,12 +1758,12 @@ def _headroom(frames: int = 6) -> None:
         _headroom(frames - 1)
 
 
-def _enter(slot: _Slot, commit_id: Any, epoch: Any, version: int, body: Any) -> None:
-    """Record a landed commit's id, with its body (:func:`_body`), and its epoch."""
+def _enter(slot: _Slot, commit_id: Any, epoch: Any, version: int, body: Any, now: float) -> None:
+    """Record a landed commit's id, with its body (:func:`_body`) and when, and its epoch."""
     if commit_id is not None:
         if slot.commits is None:
             slot.commits = {}
-        slot.commits[commit_id] = (version, body)
+        slot.commits[commit_id] = (version, body, now)
     if epoch is not None and (slot.epoch is None or epoch > slot.epoch):
         slot.epoch = epoch
 

@@ -41,6 +41,9 @@ EXTRA_METHODS = (
     "ack_spawn_many",
     "delete_timer_many",
     "wait_for_work",
+    "overview",
+    "list_executions",
+    "prune",
 )
 
 

@@ -19,7 +19,7 @@ PACKAGE = "harel_store"
 LAYERS: list[tuple[str, ...]] = [
     ("_env", "_version", "_errors", "_redact", "_records", "_digest", "_codec"),
     ("_checks", "_protocols"),
-    ("_transfer", "_group", "_operate"),
+    ("_transfer", "_group", "_operate", "_listing"),
     ("_store_py", "_store_c", "_store", "_aio", "sqlite", "postgres"),
     ("_open", "_copy"),
     ("__init__",),

@@ -120,6 +120,15 @@ class ExecutionStore(Protocol):
     def stats(self) -> dict[str, int]:
         """What the store holds, counted."""
 
+    def overview(self, *, now: float | None = None) -> dict[str, Any]:
+        """What the store holds and whether its relays and sweepers keep up."""
+
+    def list_executions(self, *, after: str | None = None, limit: int = 100) -> list[str]:
+        """A page of execution ids, after ``after``."""
+
+    def prune(self, older_than: float) -> dict[str, int]:
+        """Delete marks and commit ids recorded more than ``older_than`` seconds ago."""
+
     def wait_for_work(self, timeout: float) -> bool:
         """Whether work was committed (by another thread, task or process) before
         ``timeout`` seconds ran out."""
@@ -213,6 +222,15 @@ class AsyncExecutionStore(Protocol):
 
     async def stats(self) -> dict[str, int]:
         """:meth:`ExecutionStore.stats`."""
+
+    async def overview(self, *, now: float | None = None) -> dict[str, Any]:
+        """As :meth:`ExecutionStore.overview`."""
+
+    async def list_executions(self, *, after: str | None = None, limit: int = 100) -> list[str]:
+        """As :meth:`ExecutionStore.list_executions`."""
+
+    async def prune(self, older_than: float) -> dict[str, int]:
+        """As :meth:`ExecutionStore.prune`."""
 
     async def wait_for_work(self, timeout: float) -> bool:
         """:meth:`ExecutionStore.wait_for_work`."""

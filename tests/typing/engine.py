@@ -77,6 +77,27 @@ async def async_relay(store: AsyncExecutionStore) -> None:
         print(await store.stats())
 
 
+def operator(store: ExecutionStore) -> int:
+    """Page through every execution, alert on a stuck relay, trim the dedupe horizon."""
+    seen = 0
+    after: str | None = None
+    while page := store.list_executions(after=after, limit=500):
+        seen += len(page)
+        after = page[-1]
+    figures = store.overview(now=0.0)
+    age = figures["outbox_oldest_age"]
+    if age is not None and age > 60.0:
+        print("relay stuck", figures["expired_leases"])
+    deleted: dict[str, int] = store.prune(7 * 86400.0)
+    return seen + deleted["processed"]
+
+
+async def async_operator(store: AsyncExecutionStore) -> int:
+    figures = await store.overview()
+    page = await store.list_executions(limit=10)
+    return len(page) + (await store.prune(3600.0))["commit_ids"] + int(figures["executions"])
+
+
 def every_store() -> None:
     """Never run: what mypy checks is that each store class is accepted."""
     for sync in (
@@ -88,6 +109,7 @@ def every_store() -> None:
         relay(sync)
         sweeper(sync, 0.0)
         writer(sync)
+        operator(sync)
     for asynchronous in (
         AsyncDictStore(),
         AsyncSqliteStore("x.db"),
@@ -95,3 +117,4 @@ def every_store() -> None:
         open_async_store("memory:"),
     ):
         async_relay(asynchronous).close()
+        async_operator(asynchronous).close()

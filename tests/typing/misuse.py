@@ -16,3 +16,6 @@ def misuse(store: ExecutionStore, astore: AsyncExecutionStore) -> None:
     store.commit_many([Commit(exe)])[0].upper()  # refused
     astore.commit_many([Commit(exe)]).append(None)  # refused
     open_store("memory:").no_such_method()  # refused
+    store.prune("7d")  # refused
+    store.list_executions(after=3)  # refused
+    store.overview(0.0)  # refused

@@ -450,38 +450,59 @@ def test_a_connection_that_turned_read_only_is_never_used_again(
     one passes; the read-only connection is closed."""
     from harel_store.postgres import AsyncPostgresStore, PostgresStore
 
-    def turn_read_only(pool: Any) -> Any:
-        if kind == "sync":  # psycopg-pool's idle deque: its first is handed out next
-            conn = pool._pool._pool[0]
-            conn.execute("SET default_transaction_read_only = on")
-            return conn
-        conn = pool._idle[-1]
-        asyncio.run(conn.execute("SET default_transaction_read_only = on"))
+    if kind == "async":  # one event loop: the store's pool belongs to the loop it runs on
+        asyncio.run(_read_only_async(AsyncPostgresStore(pg_server.url, schema=pg_schema)))
+        return
+    store = PostgresStore(pg_server.url, schema=pg_schema)
+
+    def turn_read_only() -> Any:
+        conn = store._pool._pool._pool[0]  # psycopg-pool's idle deque: its first goes next
+        conn.execute("SET default_transaction_read_only = on")
         return conn
 
-    def idle(pool: Any) -> list[Any]:
-        return list(pool._pool._pool if kind == "sync" else pool._idle)
-
-    if kind == "sync":
-        store: Any = PostgresStore(pg_server.url, schema=pg_schema)
-    else:
-        store = AsyncAsSync(AsyncPostgresStore(pg_server.url, schema=pg_schema))
     try:
         fill(store)
-        first = turn_read_only(store._pool)
+        first = turn_read_only()
         store.ack_outbox(1)  # refused on it, retried on another
         assert first.closed
         assert store.pending_outbox() == []
-        second = turn_read_only(store._pool)
+        second = turn_read_only()
         exe = Execution(id="e2")
         with pytest.raises(StoreError, match="Retry: the session is read-only"):
             store.commit(exe, [("t", 2)])
         assert second.closed and exe.version == 0
-        assert all(conn not in (first, second) for conn in idle(store._pool))
+        assert all(conn not in (first, second) for conn in store._pool._pool._pool)
         store.commit(exe, [("t", 2)])
         assert exe.version == 1
     finally:
         store.close()
+
+
+async def _read_only_async(store: Any) -> None:
+    async def turn_read_only() -> Any:
+        conn = store._pool._pool._pool[0]
+        await conn.execute("SET default_transaction_read_only = on")
+        return conn
+
+    try:
+        await store.commit(
+            Execution(id="e1"), [("t", 1)], "v1", [TimerOp("schedule", "p", 1.0)],
+            [("c", "r", {})], {"k": 1},
+        )  # fmt: skip
+        first = await turn_read_only()
+        await store.ack_outbox(1)  # refused on it, retried on another
+        assert first.closed
+        assert await store.pending_outbox() == []
+        second = await turn_read_only()
+        exe = Execution(id="e2")
+        with pytest.raises(StoreError, match="Retry: the session is read-only"):
+            await store.commit(exe, [("t", 2)])
+        assert second.closed and exe.version == 0
+        assert all(conn not in (first, second) for conn in store._pool._pool._pool)
+        await store.commit(exe, [("t", 2)])
+        assert exe.version == 1
+    finally:
+        await store.close()
 
 
 @pytest.fixture

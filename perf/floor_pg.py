@@ -212,6 +212,31 @@ def round_trips(conn: Any, run: Any) -> int:
     return sent[0]
 
 
+def server_times(url: str, before: dict[str, tuple[float, int]] | None) -> Any:
+    """Per schema, the total execution time (ms) and calls of the statements that write
+    its executions (each side's commit), from ``pg_stat_statements`` (``None`` without
+    it); given ``before``, the mean time per call since then."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        try:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            rows = conn.execute(
+                "SELECT query, total_exec_time, calls FROM pg_stat_statements"
+                " WHERE query LIKE '%UPDATE %executions%SET version%'"
+            ).fetchall()
+        except psycopg.Error:
+            return None
+    now = {s: (0.0, 0) for s in (STORE_SCHEMA, FLOOR_SCHEMA)}
+    for query, total, calls in rows:
+        for s, (t, n) in list(now.items()):
+            if f'"{s}".executions' in query or f"{s}.executions" in query:
+                now[s] = (t + total, n + calls)
+    if before is None:
+        return now
+    return {s: (now[s][0] - before[s][0]) / max(1, now[s][1] - before[s][1]) for s in now}
+
+
 def vacuum(url: str) -> None:
     """Between repeats, outside the clocks: the dead rows both sides left behind."""
     import psycopg
@@ -241,6 +266,7 @@ def pg_floor(url: str | None, loops: int, repeat: int) -> None:
         time_pg_floor(floor, fexe, 200)
         ours: list[float] = []
         theirs: list[float] = []
+        tracked = server_times(url, None)
         for _ in range(repeat):  # interleaved: both see the same machine
             vacuum(url)
             ours.append(time_pg_store(store, exe, loops))
@@ -258,6 +284,12 @@ def pg_floor(url: str | None, loops: int, repeat: int) -> None:
         print(
             "  store/floor of each repeat:", " ".join(f"{a / b:.2f}" for a, b in zip(ours, theirs))
         )
+        if tracked is not None:
+            times = server_times(url, tracked)
+            print(
+                "  on the server (pg_stat_statements, mean execution of the commit statement):"
+                f" store {times[STORE_SCHEMA] * 1e3:.1f} us, floor {times[FLOOR_SCHEMA] * 1e3:.1f} us"
+            )
         store.close()
         floor.conn.close()
     finally:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import os
 import random
@@ -683,6 +684,82 @@ def test_the_trace_ring_honours_explicit_indexes_and_a_changed_trace_max(
     store.forget("e1")
     store.append_trace("e1", {"i": 0})
     assert store.read_trace("e1") == [{"i": 0, "index": 0}]
+
+
+def plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", ()):
+        yield from plan_nodes(child)
+
+
+def test_the_commit_reads_the_ring_and_the_commit_ids_through_their_keys(
+    opened: Callable[..., Any],
+) -> None:
+    # The plans the store runs (generic ones: its statements are prepared), on tables
+    # whose statistics see few executions: a trim reads the steps it drops, not the
+    # whole ring, and the commit id is found by the (execution_id, commit_id) key, not
+    # among every commit id of the execution (what ring bounds taken from a join or
+    # open below, and "= ANY" of an array, came to).
+    store = opened(trace_max=50)
+    exes = [Execution(id=f"e{n}") for n in range(2)]
+    for k in range(60):
+        for exe in exes:
+            store.commit(exe, (), trace={"k": k}, commit_id=f"c{k}")
+    plans: list[dict[str, Any]] = []
+    with pool_connection(store) as conn:
+        schema = store._core.sql.schema
+        conn.execute(f"ANALYZE {schema}.trace, {schema}.commit_ids")
+        try:
+            conn.execute("LOAD 'auto_explain'")
+        except psycopg.Error as exc:
+            pytest.skip(f"no auto_explain on this server: {exc}")
+        for setting, value in [
+            ("auto_explain.log_min_duration", "0"),
+            ("auto_explain.log_nested_statements", "on"),
+            ("auto_explain.log_level", "notice"),
+            ("auto_explain.log_format", "json"),
+            ("client_min_messages", "notice"),
+            ("plan_cache_mode", "force_generic_plan"),
+            # A table this small is read whole whatever the bounds: the plan of a large
+            # one, where the index is read, is asked for.
+            ("enable_seqscan", "off"),
+        ]:
+            conn.execute(f"SET {setting} = '{value}'")
+
+        def note(diag: Any) -> None:
+            text = diag.message_primary or ""
+            if text.startswith("duration:"):
+                plans.append(json.loads(text[text.index("{") :])["Plan"])
+
+        conn.add_notice_handler(note)
+    try:
+        store.commit(exes[0], (), trace={"k": 60}, commit_id="c60")
+        store.append_trace("e0", {"k": 61})
+        with pool_connection(store) as conn:
+            conn.execute(store._core.sql.trim, {"id": "e0", "keep": 50})
+    finally:
+        with pool_connection(store) as conn:
+            conn.execute("RESET ALL")
+    assert len(plans) == 3, plans
+    for name, plan in zip(["commit", "append_trace", "trim"], plans):
+        nodes = list(plan_nodes(plan))
+        [delete] = [
+            n for n in nodes if n.get("Operation") == "Delete" and n.get("Relation Name") == "trace"
+        ]
+        scans = [n for n in plan_nodes(delete) if n is not delete]
+        assert not [n for n in scans if "Seq Scan" in n["Node Type"]], name
+        assert not [n for n in scans if "idx" in n.get("Filter", "") + n.get("Join Filter", "")]
+        conds = [n.get("Index Cond", "") for n in scans if n.get("Relation Name") == "trace"]
+        assert any("idx >=" in c and "idx <" in c for c in conds), (name, conds)
+        if name == "commit":
+            [found] = [
+                n
+                for n in nodes
+                if n.get("Relation Name") == "commit_ids" and "Scan" in n["Node Type"]
+            ]
+            assert "commit_id" not in found.get("Filter", ""), found
+            assert any("commit_id" in n.get("Index Cond", "") for n in plan_nodes(found))
+    assert [s["k"] for s in store.read_trace("e0")] == list(range(12, 62))
 
 
 def test_timer_ops_on_one_path_in_one_commit_apply_in_order(opened: Callable[..., Any]) -> None:

@@ -92,6 +92,18 @@ def schema_objects(migrations: list[tuple[str, ...]]) -> frozenset[str]:
 # --- the statements ----------------------------------------------------------------------
 
 
+def _trimmed(s: str) -> str:
+    """The steps of the ring of ``%(id)s`` a trim to ``%(keep)s`` drops, the ring's index
+    being the ``next_index`` of the one row of ``ring``: a range of the (execution_id,
+    idx) key between the ring's first step and that index less ``keep``, both bounds
+    computed first. A bound taken from a join, or a range open below, would have the
+    planner read the whole ring once the table's statistics see few rings (every step
+    of one ring matches the id, and an open range a third of them)."""
+    return f"""tr.execution_id = %(id)s
+      AND tr.idx >= (SELECT min(idx) FROM {s}.trace WHERE execution_id = %(id)s)
+      AND tr.idx < (SELECT next_index FROM ring) - %(keep)s::bigint"""
+
+
 def _ring(s: str, when: str) -> str:
     """The parts of a ``WITH`` that append ``%(step)s`` (an array of no step or one) to
     the ring of ``%(id)s`` and trim it to ``%(keep)s`` steps (``0``: keep all), ``when``
@@ -114,9 +126,8 @@ seen AS (
     INSERT INTO {s}.trace (execution_id, idx, step)
     SELECT %(id)s, next_index - 1, (%(step)s::bytea[])[1] FROM ring
 ), trim AS (
-    DELETE FROM {s}.trace AS tr USING ring
-    WHERE %(keep)s::bigint > 0 AND tr.execution_id = %(id)s
-      AND tr.idx < ring.next_index - %(keep)s::bigint
+    DELETE FROM {s}.trace AS tr
+    WHERE %(keep)s::bigint > 0 AND {_trimmed(s)}
 )"""
 
 
@@ -134,12 +145,14 @@ _MISSED = (
 def _commit_sql(s: str, shape: tuple[bool, bool, bool, bool, bool, bool]) -> str:
     """The data-modifying ``WITH`` of a commit (see the module docstring) holding the
     CAS, the commit id's parts, and just the other parts ``shape`` asks for
-    (:meth:`_Sql.commit`); its result row is the same whatever the shape."""
+    (:meth:`_Sql.commit`); its result row is the same whatever the shape. The commit id
+    is looked up as a scalar (``NULL`` for none): ``= ANY`` of an array is no condition
+    of the key in a generic plan, which read every commit id of the execution."""
     emits, mark, arm, disarm, spawn, step = shape
     parts = [
         f"""done AS (
     SELECT digest, version FROM {s}.commit_ids
-    WHERE execution_id = %(id)s AND commit_id = ANY (%(cid)s::text[])
+    WHERE execution_id = %(id)s AND commit_id = (%(cid)s::text[])[1]
 ), cur AS (
     SELECT version, epoch FROM {s}.executions WHERE id = %(id)s
 ), upd AS (
@@ -248,9 +261,9 @@ class _Sql:
 SELECT (SELECT version FROM {s}.executions WHERE id = %(id)s),
     (SELECT epoch FROM {s}.executions WHERE id = %(id)s),
     (SELECT digest FROM {s}.commit_ids
-        WHERE execution_id = %(id)s AND commit_id = ANY (%(cid)s::text[])),
+        WHERE execution_id = %(id)s AND commit_id = (%(cid)s::text[])[1]),
     (SELECT version FROM {s}.commit_ids
-        WHERE execution_id = %(id)s AND commit_id = ANY (%(cid)s::text[]))"""
+        WHERE execution_id = %(id)s AND commit_id = (%(cid)s::text[])[1])"""
         self.record_trace = f"WITH {_ring(s, 'true').strip()} SELECT {_MISSED}"
         # A ring trimmed again, on a snapshot taken after the append committed (see
         # _MISSED), under the lock of its row: every writer of a ring locks its
@@ -259,9 +272,8 @@ SELECT (SELECT version FROM {s}.executions WHERE id = %(id)s),
 WITH ring AS (
     SELECT next_index FROM {s}.trace_index WHERE execution_id = %(id)s FOR UPDATE
 )
-DELETE FROM {s}.trace AS tr USING ring
-WHERE %(keep)s::bigint > 0 AND tr.execution_id = %(id)s
-  AND tr.idx < ring.next_index - %(keep)s::bigint"""
+DELETE FROM {s}.trace AS tr
+WHERE %(keep)s::bigint > 0 AND {_trimmed(s)}"""
         self.load = f"SELECT version, body FROM {s}.executions WHERE id = %s"
         self.is_processed = (
             f"SELECT EXISTS (SELECT FROM {s}.processed WHERE execution_id = %s AND event_id = %s)"

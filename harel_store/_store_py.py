@@ -798,16 +798,14 @@ class DictStore:
                 )
             # When marks, commit ids and entries are recorded: the store's clock, read
             # here, before the CAS, as it may be the caller's code.
-            stamp = 0.0
             if processed_event_id is not None or commit_id is not None or out or born:
                 # One stamp (a float object) serves every commit of a millisecond.
                 now = self._clock()
                 stamp = self._stamp
                 try:
-                    late = now - stamp
-                except TypeError:
-                    late = -1.0  # not a number: _restamp names it
-                if not 0.0 <= late < _STAMP:
+                    if not 0.0 <= now - stamp < _STAMP:
+                        stamp = self._restamp(now)
+                except TypeError:  # not a number: _restamp names it
                     stamp = self._restamp(now)
             slots = self._slots
             try:
@@ -898,7 +896,7 @@ class DictStore:
                 _enter(slot, commit_id, epoch, version + 1, body, stamp)
                 self._n_ids += 1
             elif epoch is not None:
-                _enter(slot, None, epoch, version + 1, None, stamp)
+                _enter(slot, None, epoch, version + 1, None, 0.0)
 
             if out:
                 fifo = self._outbox  # _Fifo.extend, inlined: this is the hot path

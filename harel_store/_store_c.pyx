@@ -560,7 +560,7 @@ cdef list _batch(object commits):
     # Each call a tuple or a Commit, read in place: the original Commit when it needs no copy.
     cdef list calls = []
     cdef set seen = set()
-    cdef Py_ssize_t i = 0
+    cdef Py_ssize_t i = 0, size
     cdef object item, call, exe, eid, commit_id, epoch
     # A copy: caller code run by the checks below cannot change what is written.
     cdef list items = list(commits) if type(commits) is list else list(_checks.batch(commits))
@@ -569,10 +569,11 @@ cdef list _batch(object commits):
             _checks.batch(items)  # names the item that is not a Commit
         call = item
         exe = <object>PyTuple_GET_ITEM(item, 0)
+        eid = None
         try:
             if not (
                 _own_slots(exe)
-                and type(_exe_attr(exe, _ID_AT, "id")) is str
+                and type(eid := _exe_attr(exe, _ID_AT, "id")) is str
                 and type(_exe_attr(exe, _VERSION_AT, "version")) is int
                 and _plain(
                     <object>PyTuple_GET_ITEM(item, 1), <object>PyTuple_GET_ITEM(item, 2),
@@ -584,6 +585,7 @@ cdef list _batch(object commits):
                     exe, item[1], item[2], item[3], item[4], item[5]
                 )
                 call = (exe, emits, item[2], timers, spawns, trace, item[6], item[7])
+                eid = None
             commit_id = <object>PyTuple_GET_ITEM(item, 6)
             epoch = <object>PyTuple_GET_ITEM(item, 7)
             if commit_id is not None or epoch is not None:
@@ -594,10 +596,12 @@ cdef list _batch(object commits):
                 )
         except (TypeError, ValueError) as exc:
             raise _checks.in_batch(exc, i) from exc
-        eid = exe.id
-        if eid in seen:
-            _checks.no_twins([c[0].id for c in calls] + [eid])
+        if eid is None:  # a plain commit's id was read above
+            eid = exe.id
+        size = len(seen)
         seen.add(eid)
+        if len(seen) == size:
+            _checks.no_twins([c[0].id for c in calls] + [eid])
         calls.append(call)
         i += 1
     return calls
@@ -624,7 +628,9 @@ cdef bint _plain(object emits, object mark, object timers, object spawns, object
             return False
         if (<tuple>op)[0] is _SCHEDULE:
             fire_at = (<tuple>op)[2]
-            if type(fire_at) is not float or fire_at - fire_at != 0.0:
+            if type(fire_at) is not float or (
+                PyFloat_AS_DOUBLE(fire_at) - PyFloat_AS_DOUBLE(fire_at) != 0.0
+            ):
                 return False
         elif (<tuple>op)[0] is not _CANCEL:
             return False

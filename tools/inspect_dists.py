@@ -55,6 +55,7 @@ PACKAGE_FILES = {
     "_env.py",
     "_errors.py",
     "_group.py",
+    "_listing.py",
     "_open.py",
     "_operate.py",
     "_protocols.py",

@@ -1,5 +1,5 @@
-"""Helpers shared by the tests: drive the async store, snapshot what a store shows, and
-fill a store with executions."""
+"""Helpers shared by the tests: drive the async store, snapshot what a store shows, fill
+a store with executions, and time a call."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Hashable, Iterable
 from pathlib import Path
 from typing import Any
@@ -212,3 +213,30 @@ def fill(store: Any, n: int, *, start: int = 0, batch: int = 1000) -> None:
 async def settled(value: Any) -> Any:
     """``value``, awaited when it is awaitable (a call of an async store)."""
     return await value if inspect.isawaitable(value) else value
+
+
+def commit_three(store: Any) -> None:
+    """Commit three new executions ``x0``..``x2``, each with two emits (one to itself),
+    the mark ``m{i}``, the timer ``t`` at ``1000 + 10 i``, a spawn and the commit id
+    ``c{i}``: the figures of ``overview`` tests."""
+    from harel_store import Execution, TimerOp
+
+    for i in range(3):
+        store.commit(
+            Execution(id=f"x{i}"),
+            [(f"x{i}", {"n": i}), (None, i)],
+            processed_event_id=f"m{i}",
+            timers=[TimerOp("schedule", "t", 1000.0 + 10 * i)],
+            spawns=[(f"child{i}", ("a",), {})],
+            commit_id=f"c{i}",
+        )
+
+
+def best(call: Callable[[], Any], runs: int = 5) -> float:
+    """The shortest wall-clock time of ``runs`` calls of ``call``, in seconds."""
+    fastest = math.inf
+    for _ in range(runs):
+        start = time.perf_counter()
+        call()
+        fastest = min(fastest, time.perf_counter() - start)
+    return fastest

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import fill, settled
+from _helpers import best, commit_three, fill, settled
 
 from harel_store import Execution, TimerOp
 from harel_store.sqlite import SCHEMA_VERSION, AsyncSqliteStore, SqliteStore
@@ -32,15 +32,7 @@ def test_overview_figures(tmp_path: Path) -> None:
             "outbox_leased": 0, "spawns_leased": 0, "timers_leased": 0,
             "expired_leases": 0, "timers_due": 0, "next_timer_at": None,
         }  # fmt: skip
-        for i in range(3):
-            store.commit(
-                Execution(id=f"x{i}"),
-                [(f"x{i}", {"n": i}), (None, i)],
-                processed_event_id=f"m{i}",
-                timers=[TimerOp("schedule", "t", 1000.0 + 10 * i)],
-                spawns=[(f"child{i}", ("a",), {})],
-                commit_id=f"c{i}",
-            )
+        commit_three(store)
         time.sleep(0.05)
         store.claim_outbox(2, lease=5.0)
         store.claim_spawns(1, lease=100.0)
@@ -83,15 +75,6 @@ def test_list_executions_pages_in_id_order(tmp_path: Path) -> None:
             store.list_executions(limit=-1)
 
 
-def _best(call: Any, runs: int = 7) -> float:
-    best = math.inf
-    for _ in range(runs):
-        start = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def test_overview_is_cheap_on_a_large_store(tmp_path: Path) -> None:
     """100 times the executions (and marks and commit ids) with the same queues: the
     queue figures come from indexes (no scan of a queue), so the overview costs no more
@@ -107,8 +90,8 @@ def test_overview_is_cheap_on_a_large_store(tmp_path: Path) -> None:
         store.claim_outbox(10)
         stores.append(store)
     try:
-        small, large = (_best(s.overview) for s in stores)
-        counting = _best(stores[1].stats)
+        small, large = (best(s.overview, runs=7) for s in stores)
+        counting = best(stores[1].stats, runs=7)
         assert large < 3 * counting + 0.002 and large < 0.1, (small, large, counting)
         plan = " ".join(
             str(row)

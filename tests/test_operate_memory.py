@@ -11,28 +11,17 @@ import time
 from typing import Any
 
 import pytest
+from _helpers import best, commit_three
 from conftest import Impl
 
 from harel_store import Commit, DictStore, Execution, TimerOp, copy_store
-
-
-def _commit_three(store: Any) -> None:
-    for i in range(3):
-        store.commit(
-            Execution(id=f"x{i}"),
-            [(f"x{i}", {"n": i}), (None, i)],
-            processed_event_id=f"m{i}",
-            timers=[TimerOp("schedule", "t", 1000.0 + 10 * i)],
-            spawns=[(f"child{i}", ("a",), {})],
-            commit_id=f"c{i}",
-        )
 
 
 def test_every_store_sees_what_it_holds_and_prunes(make_store: Any) -> None:
     store = make_store()
     empty = store.overview()
     assert empty["executions"] == 0 and empty["outbox_oldest_age"] is None
-    _commit_three(store)
+    commit_three(store)
     time.sleep(0.05)
     store.claim_outbox(2, lease=60.0)
     figures = store.overview(now=1005.0)
@@ -64,7 +53,7 @@ def ticking(impl: Impl, clock: list[float]) -> Any:
 
 def test_figures_on_the_store_clock(ticking: Any, clock: list[float]) -> None:
     store = ticking
-    _commit_three(store)
+    commit_three(store)
     clock[0] = 1000.5
     store.claim_outbox(2, lease=5.0)
     store.claim_spawns(1, lease=100.0)
@@ -201,15 +190,6 @@ def test_a_cleaner_may_forget_what_it_lists(store: Any) -> None:
     assert store.list_executions() == ["e0"]
 
 
-def _best(call: Any, rounds: int = 5) -> float:
-    best = math.inf
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def test_overview_and_paging_are_cheap_on_a_large_store(impl: Impl) -> None:
     """100 times the executions, marks and commit ids, the same queues and leases: an
     overview and a page in the middle cost about the same (generous margins)."""
@@ -227,8 +207,8 @@ def test_overview_and_paging_are_cheap_on_a_large_store(impl: Impl) -> None:
         store.list_executions()  # the listing is built once
         middle = f"e{n // 2:07d}"
         timings.append((
-            _best(store.overview),
-            _best(lambda: store.list_executions(after=middle, limit=100)),  # noqa: B023
+            best(store.overview),
+            best(lambda: store.list_executions(after=middle, limit=100)),  # noqa: B023
         ))  # fmt: skip
     (small_view, small_page), (large_view, large_page) = timings
     assert large_view < 10 * small_view + 0.001, timings

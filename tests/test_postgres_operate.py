@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from _helpers import fill, settled
+from _helpers import commit_three, fill, settled
 
 from harel_store import Execution, TimerOp
 
@@ -54,15 +54,7 @@ def test_overview_figures(opened: Callable[..., Any]) -> None:
     empty = store.overview()
     assert empty["executions"] == 0 and empty["outbox_oldest_age"] is None
     assert empty["next_timer_at"] is None and empty["expired_leases"] == 0
-    for i in range(3):
-        store.commit(
-            Execution(id=f"x{i}"),
-            [(f"x{i}", {"n": i}), (None, i)],
-            processed_event_id=f"m{i}",
-            timers=[TimerOp("schedule", "t", 1000.0 + 10 * i)],
-            spawns=[(f"child{i}", ("a",), {})],
-            commit_id=f"c{i}",
-        )
+    commit_three(store)
     time.sleep(0.05)
     store.claim_outbox(2, lease=100.0)
     store.claim_spawns(1, lease=0.0)  # runs out at once

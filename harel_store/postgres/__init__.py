@@ -39,20 +39,22 @@ for ``bytes``) and the data, so decoding gets back what encoding returned.
 **One round trip per commit.** A commit is one SQL statement, a data-modifying ``WITH``
 (:meth:`._schema._Sql.commit`), run in autocommit mode, so it is one transaction and one network
 round trip, and prepared once per connection (``prepare=True``). It holds only the parts
-the commit uses (a save is the CAS and the commit id's parts): PostgreSQL plans a statement of this kind anew
-at each call, and planning parts that write nothing was most of a save's time. Its first parts read
-the commit id and the stored row; ``UPDATE executions ... WHERE id = ... AND version = ...``
-is the CAS (a concurrent writer's update makes PostgreSQL re-check the ``WHERE`` against
+the commit uses (a save is the CAS and the commit id's record): parts that write nothing
+still cost their planning and their executor's start at each call. It reads
+nothing before ``UPDATE executions ... WHERE id = ... AND version = ...``, the CAS
+(a concurrent writer's update makes PostgreSQL re-check the ``WHERE`` against
 the new row, so of two writers at one version exactly one updates), and a first write is
 an ``INSERT ... ON CONFLICT (id) DO NOTHING`` (of two first writers exactly one inserts).
 Every other part (emits, the mark, timers, spawns, the trace step, the commit id, the
 ``pg_notify``) writes only ``WHERE EXISTS`` a row from the CAS, so a refused commit
 writes nothing and takes no seq. Timer ops are reduced to the last op per path before
 they are sent (the final state is the same; one statement cannot touch a row twice).
-Only a refused commit may need a second statement, to tell a conflict from a replay that
-raced it (or one whose trace step raced an append: the trim above). ``exe.version`` is set
-before the statement runs, so an execution that refuses its new version (frozen, or a
-setter that raises) is refused with nothing written; it is set back when the commit is
+The stored version and epoch are read only when the commit is refused; a replay of a
+``commit_id`` finds the version moved past it (or, were it not, violates the commit id's
+key: the statement fails whole). Only a refused commit needs a second statement, which
+tells a conflict from a replay (or one whose trace step raced an append: the trim
+above). ``exe.version`` is set before the statement runs, so an execution that refuses
+its new version (frozen, or a setter that raises) is refused with nothing written; it is set back when the commit is
 not applied. Loads, acks, claims and ``stats`` are one statement each too.
 
 **Forget and the writers of an execution** take their row locks in one order, so they

@@ -409,10 +409,7 @@ class _Core:
         for _ in range(2):
             rows = yield _Query(self.sql.commit(shape), params, True, unique=True)
             if rows is not _UNIQUE:
-                ok, found, found_epoch, done, done_version, _, missed = rows[0]
-                if done is not None:
-                    self._replayed(exe, eid, commit_id, params["digest"][0], done, done_version)
-                    return False
+                ok, found, found_epoch, _, missed = rows[0]
                 if ok:
                     return bool(missed)
                 if commit_id is None and found is not None:

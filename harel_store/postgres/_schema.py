@@ -144,34 +144,34 @@ _MISSED = (
 
 def _commit_sql(s: str, shape: tuple[bool, bool, bool, bool, bool, bool]) -> str:
     """The data-modifying ``WITH`` of a commit (see the module docstring) holding the
-    CAS, the commit id's parts, and just the other parts ``shape`` asks for
-    (:meth:`_Sql.commit`); its result row is the same whatever the shape. The commit id
-    is looked up as a scalar (``NULL`` for none): ``= ANY`` of an array is no condition
-    of the key in a generic plan, which read every commit id of the execution."""
+    CAS, the commit id's record, and just the other parts ``shape`` asks for
+    (:meth:`_Sql.commit`); its result row is the same whatever the shape.
+
+    Nothing is read before the CAS: a replay finds the version moved (the CAS updates
+    nothing), or, were the version back where it was, its commit id's record violates
+    the key and the statement fails whole; either way the store looks again
+    (:attr:`_Sql.recheck`). The stored version and epoch are read only when the commit
+    was refused, to tell a conflict from a stale writer without another statement."""
     emits, mark, arm, disarm, spawn, step = shape
     parts = [
-        f"""done AS (
-    SELECT digest, version FROM {s}.commit_ids
-    WHERE execution_id = %(id)s AND commit_id = (%(cid)s::text[])[1]
-), cur AS (
-    SELECT version, epoch FROM {s}.executions WHERE id = %(id)s
-), upd AS (
+        f"""upd AS (
     UPDATE {s}.executions
     SET version = %(new)s::bigint, body = %(body)s::bytea,
         epoch = coalesce((%(epoch)s::bigint[])[1], epoch)
     WHERE id = %(id)s AND version = %(old)s::bigint
       AND (epoch IS NULL OR cardinality(%(epoch)s::bigint[]) = 0
            OR epoch <= (%(epoch)s::bigint[])[1])
-      AND NOT EXISTS (SELECT FROM done)
     RETURNING 1
 ), ins AS (
     INSERT INTO {s}.executions (id, version, epoch, body)
     SELECT %(id)s, %(new)s::bigint, (%(epoch)s::bigint[])[1], %(body)s::bytea
-    WHERE NOT EXISTS (SELECT FROM done) AND NOT EXISTS (SELECT FROM cur)
+    WHERE NOT EXISTS (SELECT FROM upd)
     ON CONFLICT (id) DO NOTHING
     RETURNING 1
 ), ok AS (
     SELECT FROM upd UNION ALL SELECT FROM ins
+), cur AS (
+    SELECT version, epoch FROM {s}.executions WHERE id = %(id)s
 )"""
     ]
     if emits:
@@ -224,8 +224,9 @@ def _commit_sql(s: str, shape: tuple[bool, bool, bool, bool, bool, bool]) -> str
     missed = _MISSED if step else "false"
     return f"""
 WITH {", ".join(parts)}
-SELECT EXISTS (SELECT FROM ok), (SELECT version FROM cur), (SELECT epoch FROM cur),
-    (SELECT digest FROM done), (SELECT version FROM done), {woken}, {missed}"""
+SELECT applied, CASE WHEN NOT applied THEN (SELECT version FROM cur) END,
+    CASE WHEN NOT applied THEN (SELECT epoch FROM cur) END, {woken}, {missed}
+FROM (SELECT EXISTS (SELECT FROM ok) AS applied) AS o"""
 
 
 # Copying (PostgresStore._dump and _restore): the tables a copy reads and writes, and the
@@ -417,8 +418,8 @@ ON CONFLICT (execution_id) DO UPDATE SET next_index = ti.next_index WHERE false"
     def commit(self, shape: tuple[bool, bool, bool, bool, bool, bool]) -> str:
         """The commit statement for a commit of this ``shape``: whether it has emits, a
         processed mark, timers to arm, timers to disarm, spawns, a trace step. The parts
-        a commit does not use are left out, so PostgreSQL plans (at each call: its custom
-        plans win over a generic one) only what the commit writes; a save is the CAS and
+        a commit does not use are left out, so PostgreSQL plans and starts only
+        what the commit writes; a save is the CAS and
         the commit id's parts. One statement per shape, prepared once per connection; the
         commit id's parts are in every one, so a commit with an id (and its replay) uses
         the statement of the same commit without one."""

@@ -57,6 +57,8 @@ _new = tuple.__new__
 _DEAD: Any = object()  # the id slot of a timer entry that is no longer armed
 _SLACK = 64  # dead or stale entries tolerated before a rebuild
 _EMPTY: tuple[Any, ...] = ()
+_INF = float("inf")
+_NEG_INF = -_INF  # a finite float is strictly between: no float is made to check it
 _SCHEDULE = "schedule"
 _CANCEL = "cancel"
 _STAMP = 0.001  # how long one stamp serves: marks, commit ids and entries are timed to it
@@ -401,7 +403,7 @@ def _plain(emits: Any, mark: Any, timers: Any, spawns: Any, trace: Any) -> bool:
             return False
         if op[0] is _SCHEDULE:
             fire_at = op[2]
-            if type(fire_at) is not float or fire_at - fire_at != 0.0:
+            if type(fire_at) is not float or not _NEG_INF < fire_at < _INF:
                 return False
         elif op[0] is not _CANCEL:
             return False
@@ -484,6 +486,7 @@ class DictStore:
         "_stamp",
         "_timer_seq",
         "_trace_max",
+        "_until",
     )
 
     #: ``load`` returns the very object that was saved (``False`` for the durable stores).
@@ -508,6 +511,7 @@ class DictStore:
     _timer_seq: int
     _seen_work: int
     _stamp: float
+    _until: float
     _n_exes: int
     _n_marks: int
     _n_ids: int
@@ -530,7 +534,7 @@ class DictStore:
         self._armed = []
         self._leased = []
         self._listing = None
-        self._stamp = -float("inf")  # the first commit stamps
+        self._stamp = self._until = -float("inf")  # the first commit stamps
         self._seq = self._spawn_seq = self._timer_seq = self._seen_work = 0
         self._n_exes = self._n_marks = self._n_ids = self._n_timers = self._n_dead = 0
         self._n_rings = self._n_steps = 0
@@ -545,7 +549,7 @@ class DictStore:
         if clock is not None and not callable(clock):
             raise TypeError(f"clock must be a function giving seconds, got {type(clock).__name__}")
         self.trace_max = trace_max
-        self._clock = monotonic if clock is None else clock
+        self._clock = monotonic if clock is None else _finite(clock)
 
     def __enter__(self) -> Self:
         return self
@@ -726,7 +730,7 @@ class DictStore:
                         if type(path) is not str:
                             one = None
                         elif action is _SCHEDULE:
-                            if type(fire_at) is not float or fire_at - fire_at != 0.0:
+                            if type(fire_at) is not float or not _NEG_INF < fire_at < _INF:
                                 one = None
                         elif action is not _CANCEL:
                             one = None
@@ -745,7 +749,7 @@ class DictStore:
                             break
                         if op[0] is _SCHEDULE:
                             fire_at = op[2]
-                            if type(fire_at) is not float or fire_at - fire_at != 0.0:
+                            if type(fire_at) is not float or not _NEG_INF < fire_at < _INF:
                                 ops = _checks.timer_ops(ops)
                                 break
                         elif op[0] is not _CANCEL:
@@ -800,12 +804,10 @@ class DictStore:
             # here, before the CAS, as it may be the caller's code.
             if processed_event_id is not None or commit_id is not None or out or born:
                 # One stamp (a float object) serves every commit of a millisecond.
-                now = self._clock()
+                clock = self._clock  # a slot read, then a call: cheaper than a method call
+                now = clock()  # a finite float (_finite checks a caller's clock)
                 stamp = self._stamp
-                try:
-                    if not 0.0 <= now - stamp < _STAMP:
-                        stamp = self._restamp(now)
-                except TypeError:  # not a number: _restamp names it
+                if not now < self._until or not stamp <= now:
                     stamp = self._restamp(now)
             slots = self._slots
             try:
@@ -824,8 +826,9 @@ class DictStore:
                 found = prev.version
                 if found != version:
                     raise StoreConflict(eid, version, found)
+            plain = str_keys and not self._mixed  # no lookup below runs caller code
             plan = None
-            if (not str_keys or self._mixed) and (ops or one is not None):
+            if not plain and (ops or one is not None):
                 # Paths whose lookups may run caller code change a copy, made now.
                 if one is not None:
                     ops = (one,)
@@ -863,7 +866,7 @@ class DictStore:
                 if slots.setdefault(eid, slot) is not slot:
                     raise _checks.inconsistent("the execution id")
                 undo = slots
-            elif late_mark and (not str_keys or self._mixed):
+            elif late_mark and not plain:
                 undo = self._mark_first(slot, processed_event_id, stamp)
                 late_mark = False
             try:
@@ -1608,22 +1611,17 @@ class DictStore:
         self._n_marks += 1
         return marks
 
-    def _restamp(self, now: Any) -> float:
-        """The stamp of the commits from ``now`` (a reading of the clock) on, and of the
-        outbox and spawn entries they add."""
-        stamp: float = now
-        if type(now) is not float or now - now != 0.0:
-            stamp = _checks.as_clock(now)
+    def _restamp(self, stamp: float) -> float:
+        """The stamp of the commits from ``stamp`` (a reading of the clock) on, and of
+        the outbox and spawn entries they add."""
         self._stamp = stamp
+        self._until = stamp + _STAMP
         self._outbox.stamp(self._seq + 1, stamp)
         self._spawns.stamp(self._spawn_seq + 1, stamp)
         return stamp
 
     def _now(self) -> float:
-        now = self._clock()
-        if type(now) is not float or now - now != 0.0:
-            now = _checks.as_clock(now)
-        return now
+        return self._clock()
 
     def _timers_at(self, now: float) -> tuple[int, float | None]:
         """How many armed timers are due at ``now`` (leased ones included), and the
@@ -1754,6 +1752,19 @@ def _headroom(frames: int = 6) -> None:
     comprehension, the comparisons of a heap)."""
     if frames:
         _headroom(frames - 1)
+
+
+def _finite(clock: Callable[[], Any]) -> Callable[[], float]:
+    """``clock``, whose every reading is checked: a finite number of seconds, as a float
+    (the commit path then compares it as it is)."""
+
+    def read() -> float:
+        now = clock()
+        if type(now) is float and now - now == 0.0:
+            return now
+        return _checks.as_clock(now)
+
+    return read
 
 
 def _enter(slot: _Slot, commit_id: Any, epoch: Any, version: int, body: Any, now: float) -> None:

@@ -100,6 +100,9 @@ COMPILED_ONLY = {
 PURE_ONLY = {
     "_new",  # tuple.__new__, which the compiled module replaces with _new3/_new5
     "_headroom",  # the recursion probe of a write phase that calls functions
+    "_INF",  # with _NEG_INF, a finiteness check that makes no float (C compares doubles)
+    "_NEG_INF",
+    "_finite",  # a caller's clock checked as it is read (the compiled _now checks it)
 }
 PYX = Path(__file__).resolve().parents[1] / "harel_store" / "_store_c.pyx"
 PYX_NAME = re.compile(

@@ -450,12 +450,12 @@ FROM {s}.executions AS x LEFT JOIN {s}.commit_ids AS c ON c.execution_id = x.id
 WHERE x.id = ANY (%(ids)s::text[])"""
         # The rings' trims: the steps each ring's index finds (a hash join of the whole
         # trace table would be the plan the planner picks for a small table), a range of
-        # the key bounded on both sides (as the single commit's, _schema._trimmed).
+        # the key bounded on both sides, from 0 (as the single commit's, _schema._TRIMMED).
         trim = f"""DELETE FROM {s}.trace WHERE ctid = ANY (ARRAY(
     SELECT o.ctid FROM ring AS r CROSS JOIN LATERAL (
         SELECT tr.ctid FROM {s}.trace AS tr
-        WHERE tr.execution_id = r.execution_id AND tr.idx < r.next_index - %(keep)s::bigint
-          AND tr.idx >= (SELECT min(t.idx) FROM {s}.trace AS t WHERE t.execution_id = r.execution_id)
+        WHERE tr.execution_id = r.execution_id AND tr.idx >= 0
+          AND tr.idx < r.next_index - %(keep)s::bigint
         OFFSET 0
     ) AS o
     WHERE %(keep)s::bigint > 0

@@ -36,6 +36,7 @@ from ._statements import (
     _pack,
     _Query,
     _restore_version,
+    _Shape,
     _Single,
     _Texts,
     _unpack,
@@ -365,10 +366,10 @@ class _Core:
             "keep": keep,
             "channel": self.channel,
         }
-        shape = (
-            bool(events),
+        shape: _Shape = (
+            min(len(events), 2),
             body.processed_event_id is not None,
-            bool(arm),
+            min(len(arm), 2),
             bool(params["disarm"]),
             bool(children),
             bool(step),
@@ -398,7 +399,7 @@ class _Core:
         exe: Any,
         eid: str,
         version: int,
-        shape: tuple[bool, bool, bool, bool, bool, bool],
+        shape: _Shape,
         params: dict[str, Any],
         commit_id: str | None,
         epoch: int | None,

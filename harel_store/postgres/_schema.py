@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from . import _operate
+from ._statements import _Shape
 
 INSTALL = "pip install 'harel-store[postgres]'"
 SCHEMA_TABLE = "harel_store_schema"
@@ -92,15 +93,14 @@ def schema_objects(migrations: list[tuple[str, ...]]) -> frozenset[str]:
 # --- the statements ----------------------------------------------------------------------
 
 
-def _trimmed(s: str) -> str:
-    """The steps of the ring of ``%(id)s`` a trim to ``%(keep)s`` drops, the ring's index
-    being the ``next_index`` of the one row of ``ring``: a range of the (execution_id,
-    idx) key between the ring's first step and that index less ``keep``, both bounds
-    computed first. A bound taken from a join, or a range open below, would have the
-    planner read the whole ring once the table's statistics see few rings (every step
-    of one ring matches the id, and an open range a third of them)."""
-    return f"""tr.execution_id = %(id)s
-      AND tr.idx >= (SELECT min(idx) FROM {s}.trace WHERE execution_id = %(id)s)
+# The steps of the ring of %(id)s a trim to %(keep)s drops, the ring's index being the
+# next_index of the one row of "ring": a range of the (execution_id, idx) key from 0 (no
+# step has a lower index) to that index less keep. A bound taken from a join, or a range
+# open below, would have the planner read the whole ring once the table's statistics see
+# few rings (every step of one ring matches the id, and an open range a third of them,
+# where a closed one is 0.5%); reading the ring's first step for the lower bound cost a
+# second walk over the steps trimmed before.
+_TRIMMED = """tr.execution_id = %(id)s AND tr.idx >= 0
       AND tr.idx < (SELECT next_index FROM ring) - %(keep)s::bigint"""
 
 
@@ -127,7 +127,7 @@ seen AS (
     SELECT %(id)s, next_index - 1, (%(step)s::bytea[])[1] FROM ring
 ), trim AS (
     DELETE FROM {s}.trace AS tr
-    WHERE %(keep)s::bigint > 0 AND {_trimmed(s)}
+    WHERE %(keep)s::bigint > 0 AND {_TRIMMED}
 )"""
 
 
@@ -142,7 +142,7 @@ _MISSED = (
 )
 
 
-def _commit_sql(s: str, shape: tuple[bool, bool, bool, bool, bool, bool]) -> str:
+def _commit_sql(s: str, shape: _Shape) -> str:
     """The data-modifying ``WITH`` of a commit (see the module docstring) holding the
     CAS, the commit id's record, and just the other parts ``shape`` asks for
     (:meth:`_Sql.commit`); its result row is the same whatever the shape.
@@ -175,22 +175,32 @@ def _commit_sql(s: str, shape: tuple[bool, bool, bool, bool, bool, bool]) -> str
 )"""
     ]
     if emits:
+        rows = (
+            "(%(targets)s::text[])[1], (%(events)s::bytea[])[1] WHERE EXISTS (SELECT FROM ok)"
+            if emits == 1
+            else "t, e FROM unnest(%(targets)s::text[], %(events)s::bytea[])"
+            " WITH ORDINALITY AS u (t, e, o) WHERE EXISTS (SELECT FROM ok) ORDER BY o"
+        )
         parts.append(f"""emit AS (
     INSERT INTO {s}.outbox (target_id, event)
-    SELECT t, e FROM unnest(%(targets)s::text[], %(events)s::bytea[]) WITH ORDINALITY AS u (t, e, o)
-    WHERE EXISTS (SELECT FROM ok) ORDER BY o
+    SELECT {rows}
 )""")
     if mark:
         parts.append(f"""mark AS (
     INSERT INTO {s}.processed (execution_id, event_id)
-    SELECT %(id)s, e FROM unnest(%(pev)s::text[]) AS e WHERE EXISTS (SELECT FROM ok)
+    SELECT %(id)s, (%(pev)s::text[])[1] WHERE EXISTS (SELECT FROM ok)
     ON CONFLICT DO NOTHING
 )""")
     if arm:
+        rows = (
+            "(%(arm)s::text[])[1], (%(at)s::float8[])[1] WHERE EXISTS (SELECT FROM ok)"
+            if arm == 1
+            else "p, f FROM unnest(%(arm)s::text[], %(at)s::float8[])"
+            " WITH ORDINALITY AS u (p, f, o) WHERE EXISTS (SELECT FROM ok) ORDER BY o"
+        )
         parts.append(f"""arm AS (
     INSERT INTO {s}.timers AS tm (execution_id, path, fire_at)
-    SELECT %(id)s, p, f FROM unnest(%(arm)s::text[], %(at)s::float8[]) WITH ORDINALITY AS u (p, f, o)
-    WHERE EXISTS (SELECT FROM ok) ORDER BY o
+    SELECT %(id)s, {rows}
     ON CONFLICT (execution_id, path) DO UPDATE
     SET fire_at = excluded.fire_at, seq = excluded.seq, lease_until = '-infinity'
 )""")
@@ -211,9 +221,8 @@ def _commit_sql(s: str, shape: tuple[bool, bool, bool, bool, bool, bool]) -> str
         parts.append(_ring(s, "EXISTS (SELECT FROM ok)").strip())
     parts.append(f"""rec AS (
     INSERT INTO {s}.commit_ids (execution_id, commit_id, digest, version)
-    SELECT %(id)s, c, d, %(new)s::bigint
-    FROM unnest(%(cid)s::text[], %(digest)s::bytea[]) AS u (c, d)
-    WHERE EXISTS (SELECT FROM ok)
+    SELECT %(id)s, (%(cid)s::text[])[1], (%(digest)s::bytea[])[1], %(new)s::bigint
+    WHERE cardinality(%(cid)s::text[]) > 0 AND EXISTS (SELECT FROM ok)
 )""")
     wake = emits or arm or spawn
     if wake:
@@ -257,7 +266,7 @@ class _Sql:
             f"pg_sequence_last_value('{s}.{name}'::regclass)"
             for name in ("outbox_seq", "spawns_seq", "timers_seq")
         )
-        self._commits: dict[tuple[bool, ...], str] = {}
+        self._commits: dict[_Shape, str] = {}
         self.recheck = f"""
 SELECT (SELECT version FROM {s}.executions WHERE id = %(id)s),
     (SELECT epoch FROM {s}.executions WHERE id = %(id)s),
@@ -274,7 +283,7 @@ WITH ring AS (
     SELECT next_index FROM {s}.trace_index WHERE execution_id = %(id)s FOR UPDATE
 )
 DELETE FROM {s}.trace AS tr
-WHERE %(keep)s::bigint > 0 AND {_trimmed(s)}"""
+WHERE %(keep)s::bigint > 0 AND {_TRIMMED}"""
         self.load = f"SELECT version, body FROM {s}.executions WHERE id = %s"
         self.is_processed = (
             f"SELECT EXISTS (SELECT FROM {s}.processed WHERE execution_id = %s AND event_id = %s)"
@@ -415,14 +424,15 @@ ON CONFLICT (execution_id) DO UPDATE SET next_index = ti.next_index WHERE false"
             )
         )
 
-    def commit(self, shape: tuple[bool, bool, bool, bool, bool, bool]) -> str:
-        """The commit statement for a commit of this ``shape``: whether it has emits, a
-        processed mark, timers to arm, timers to disarm, spawns, a trace step. The parts
-        a commit does not use are left out, so PostgreSQL plans and starts only
-        what the commit writes; a save is the CAS and
-        the commit id's parts. One statement per shape, prepared once per connection; the
-        commit id's parts are in every one, so a commit with an id (and its replay) uses
-        the statement of the same commit without one."""
+    def commit(self, shape: _Shape) -> str:
+        """The commit statement for a commit of this ``shape``: whether it has emits
+        (one, or more), a processed mark, timers to arm (one, or more), timers to disarm,
+        spawns, a trace step. The parts a commit does not use are left out, so PostgreSQL
+        plans and starts only what the commit writes (a save is the CAS and the commit
+        id's record), and a part of one row takes it from its arrays by subscript, not
+        through ``unnest`` and a sort. One statement per shape, prepared once per
+        connection; the commit id's record is in every one, so a commit with an id (and
+        its replay) uses the statement of the same commit without one."""
         sql = self._commits.get(shape)
         if sql is None:
             sql = self._commits[shape] = _commit_sql(self.schema, shape)

@@ -29,6 +29,9 @@ class _Query(NamedTuple):
 
 
 _UNIQUE = object()
+# A commit's shape (_Sql.commit): how many emits (0, 1, or 2 for more), whether a mark,
+# how many timers to arm (0, 1, 2 for more), whether timers to disarm, spawns, a step.
+_Shape = tuple[int, bool, int, bool, bool, bool]
 _Op = Generator[_Query, Any, Any]
 
 
@@ -38,7 +41,7 @@ class _Single(NamedTuple):
     exe: Any
     eid: str
     version: int
-    shape: tuple[bool, bool, bool, bool, bool, bool]
+    shape: _Shape
     params: dict[str, Any]
     commit_id: str | None
     epoch: int | None

@@ -27,7 +27,7 @@ import statistics
 import sys
 import uuid
 from pathlib import Path
-from time import perf_counter
+from time import perf_counter, process_time
 from typing import Any
 
 from floor import EVENT, LATER, STEP, TRACE_MAX, dumps
@@ -37,11 +37,14 @@ from harel_store import Execution, TimerOp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 STORE_SCHEMA, FLOOR_SCHEMA = "floor_store", "floor_lean"
+CPU: dict[str, list[float]] = {"store": [], "floor": []}  # this process's time per commit
 
 # The leanest schema I could write for the same promises: outbox seqs never reused (an
 # identity), one timer per (execution, path) found by fire_at, a ring per execution whose
 # step numbers are the commits' versions (so no ring counter), replays recognised by
-# (execution, commit_id) and compared by digest.
+# (execution, commit_id) and compared by digest; the times outbox entries were committed
+# and marks and commit ids recorded (what overview's ages and prune read, PRODUCTION.md
+# 8-9), unindexed.
 PG_LEAN = (
     (
         "CREATE TABLE {s}.executions (id text PRIMARY KEY, version bigint NOT NULL, epoch bigint,"
@@ -49,11 +52,12 @@ PG_LEAN = (
     ),
     (
         "CREATE TABLE {s}.outbox (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
-        " target_id text, event bytea NOT NULL, lease_until timestamptz NOT NULL DEFAULT '-infinity')"
+        " target_id text, event bytea NOT NULL, lease_until timestamptz NOT NULL DEFAULT '-infinity',"
+        " committed_at timestamptz NOT NULL DEFAULT now())"
     ),
     (
         "CREATE TABLE {s}.processed (execution_id text NOT NULL, event_id text NOT NULL,"
-        " PRIMARY KEY (execution_id, event_id))"
+        " recorded_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (execution_id, event_id))"
     ),
     (
         "CREATE TABLE {s}.timers (execution_id text NOT NULL, path text NOT NULL,"
@@ -67,7 +71,8 @@ PG_LEAN = (
     ),
     (
         "CREATE TABLE {s}.commit_ids (execution_id text NOT NULL, commit_id text NOT NULL,"
-        " digest bytea NOT NULL, version bigint NOT NULL, PRIMARY KEY (execution_id, commit_id))"
+        " digest bytea NOT NULL, version bigint NOT NULL,"
+        " recorded_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (execution_id, commit_id))"
     ),
 )
 
@@ -77,17 +82,19 @@ WITH upd AS (
     WHERE id = %(id)s AND version = %(old)s AND (epoch IS NULL OR epoch <= %(epoch)s)
     RETURNING 1
 ), rec AS (
-    INSERT INTO {s}.commit_ids SELECT %(id)s, %(cid)s, %(digest)s, %(new)s FROM upd
+    INSERT INTO {s}.commit_ids (execution_id, commit_id, digest, version)
+    SELECT %(id)s, %(cid)s, %(digest)s, %(new)s FROM upd
 ), emit AS (
     INSERT INTO {s}.outbox (target_id, event) SELECT %(target)s, %(event)s FROM upd
 ), mark AS (
-    INSERT INTO {s}.processed SELECT %(id)s, %(mark)s FROM upd ON CONFLICT DO NOTHING
+    INSERT INTO {s}.processed (execution_id, event_id) SELECT %(id)s, %(mark)s FROM upd
+    ON CONFLICT DO NOTHING
 ), arm AS (
     INSERT INTO {s}.timers (execution_id, path, fire_at) SELECT %(id)s, 'root/wait', %(at)s FROM upd
     ON CONFLICT (execution_id, path)
     DO UPDATE SET fire_at = excluded.fire_at, lease_until = '-infinity'
 ), step AS (
-    INSERT INTO {s}.trace SELECT %(id)s, %(new)s, %(step)s FROM upd
+    INSERT INTO {s}.trace (execution_id, n, step) SELECT %(id)s, %(new)s, %(step)s FROM upd
 ), trim AS (
     DELETE FROM {s}.trace WHERE execution_id = %(id)s AND n <= %(new)s - %(keep)s
         AND EXISTS (SELECT FROM upd)
@@ -179,9 +186,10 @@ def time_pg_store(store: Any, exe: Execution, loops: int) -> float:
     ]
     emits = [("exe-1", EVENT)]
     commit = store.commit
-    t0 = perf_counter()
+    c0, t0 = process_time(), perf_counter()
     for mark, rearm, cid in work:
         commit(exe, emits, mark, rearm, (), STEP, commit_id=cid, epoch=1)
+    CPU["store"].append((process_time() - c0) / loops)
     return (perf_counter() - t0) / loops
 
 
@@ -189,9 +197,10 @@ def time_pg_floor(floor: PgFloor, exe: Execution, loops: int) -> float:
     tag = uuid.uuid4().hex[:8]
     work = [(f"e-{tag}-{i}", LATER + i, f"c-{tag}-{i}") for i in range(loops)]
     commit = floor.commit
-    t0 = perf_counter()
+    c0, t0 = process_time(), perf_counter()
     for mark, fire_at, cid in work:
         commit(exe, "exe-1", EVENT, mark, fire_at, STEP, cid, 1)
+    CPU["floor"].append((process_time() - c0) / loops)
     return (perf_counter() - t0) / loops
 
 
@@ -266,6 +275,8 @@ def pg_floor(url: str | None, loops: int, repeat: int) -> None:
         time_pg_floor(floor, fexe, 200)
         ours: list[float] = []
         theirs: list[float] = []
+        CPU["store"].clear()
+        CPU["floor"].clear()
         tracked = server_times(url, None)
         for _ in range(repeat):  # interleaved: both see the same machine
             vacuum(url)
@@ -283,6 +294,11 @@ def pg_floor(url: str | None, loops: int, repeat: int) -> None:
         )
         print(
             "  store/floor of each repeat:", " ".join(f"{a / b:.2f}" for a, b in zip(ours, theirs))
+        )
+        cpu = {side: statistics.median(times[:repeat]) * 1e6 for side, times in CPU.items()}
+        print(
+            f"  client CPU per commit (median): store {cpu['store']:.1f} us,"
+            f" floor {cpu['floor']:.1f} us"
         )
         if tracked is not None:
             times = server_times(url, tracked)

@@ -10,6 +10,13 @@ The collector's work that the commits cause is counted, as in ``commit_typical``
     python perf/instructions.py --impl pure,spec --commits 2000
     python perf/instructions.py --case id_epoch  # with a fresh commit_id and epoch=1
     python perf/instructions.py --case replayed  # each id_epoch commit sent again
+    python perf/instructions.py --case batch     # commit_typical_batch vs _singles
+
+``--case batch`` counts the timed region of ``bench_store.py``'s ``commit_typical_batch``
+and ``commit_typical_singles`` (the typical commit on 100 executions in turn, one
+``commit_many`` per 100 or one ``commit`` call each, the bench's own loops), each per
+commit, and their ratio: the instruction count of issue 27's "``commit_many`` of 100 no
+slower per commit than 100 ``commit`` calls".
 
 Needs ``valgrind`` on the PATH. Each implementation is counted in its own process:
 ``python perf/instructions.py --inner IMPL N`` runs the commits, and the counting is
@@ -36,7 +43,8 @@ import bench_store
 COLLECTED = re.compile(r"Collected : (\d+)")
 
 
-CASES = ("typical", "id_epoch", "replayed")
+CASES = ("typical", "id_epoch", "replayed", "batch")
+REGIONS = ("batched", "singles")  # what --case batch counts, each in its own process
 
 
 def inner(impl_name: str, commits: int, case: str = "typical") -> None:
@@ -47,6 +55,9 @@ def inner(impl_name: str, commits: int, case: str = "typical") -> None:
     impl = bench_store.load_impl(impl_name)
     sizes = bench_store.Sizes()
     store = bench_store.commit_store(impl, sizes)
+    if case in REGIONS:
+        batch_region(store, commits, sizes, case == "batched")
+        return
     exe = store.load("exe-0")
     commit = store.commit
     emits, spawns, step = bench_store.EMITS, bench_store.SPAWNS, bench_store.STEP
@@ -75,6 +86,31 @@ def inner(impl_name: str, commits: int, case: str = "typical") -> None:
         raise RuntimeError("the replayed commits wrote something")
 
 
+def batch_region(store: Any, commits: int, sizes: bench_store.Sizes, batched: bool) -> None:
+    """``time_commit_typical_batch``'s timed loop over ``commits`` commits, run once
+    through ``itertools.starmap`` so that only it is counted."""
+    batches = bench_store.batch_work(commits, store, min(bench_store.BATCH, sizes.executions))
+    commit, commit_many = store.commit, store.commit_many
+
+    def run(batches: list[list[Any]]) -> None:
+        if batched:
+            for batch in batches:
+                commit_many(batch)
+        else:
+            for batch in batches:
+                for exe, emits, event_id, rearm, spawns, step, _, _ in batch:
+                    commit(
+                        exe, emits, processed_event_id=event_id, timers=rearm, spawns=spawns,
+                        trace=step,
+                    )  # fmt: skip
+
+    bench_store.settle()
+    deque(starmap(run, [(batches,)]), maxlen=0)
+    last = batches[-1][-1]
+    if not store.is_processed(last.exe.id, last.processed_event_id):
+        raise RuntimeError("the batch region did not commit")
+
+
 def count(impl_name: str, commits: int, case: str = "typical") -> int:
     """Instructions callgrind counted inside the commit loop of one process."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -100,8 +136,9 @@ def main() -> None:
     parser.add_argument("--commits", type=int, default=1000, help="commits counted (default: 1000)")
     parser.add_argument(
         "--case", default="typical", choices=CASES,
-        help="the typical commit, the same with a fresh commit_id and epoch=1, or its "
-        "replay (compiled and pure only: the spec port has neither)",
+        help="the typical commit, the same with a fresh commit_id and epoch=1, its replay, "
+        "or the batched and single commits of commit_typical_batch and _singles (all but "
+        "typical: compiled and pure only, the spec port has none of them)",
     )  # fmt: skip
     parser.add_argument("--inner", nargs=3, metavar=("IMPL", "N", "CASE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -117,6 +154,16 @@ def main() -> None:
         if impls == ("spec",):
             parser.error(f"--case {args.case} is not a commit the spec port has")
         impls = tuple(name for name in impls if name != "spec")
+    if args.case == "batch":
+        print(f"Instructions per commit of commit_typical_batch ({args.commits:,} commits in")
+        print(f"batches of {bench_store.BATCH}) and _singles (one commit call each), callgrind:")
+        for name in impls:
+            batched, singles = (count(name, args.commits, r) / args.commits for r in REGIONS)
+            print(
+                f"  {name:9} batched {batched:9,.0f}   singles {singles:9,.0f}"
+                f"   singles / batched: {singles / batched:.2f}x"
+            )
+        return
     per_commit = {name: count(name, args.commits, args.case) / args.commits for name in impls}
     what = {
         "typical": "typical commit",

@@ -134,11 +134,74 @@ def test_previous_schema_version_is_migrated(
         store.commit(store.load("e0"), [(None, "new")], processed_event_id="later")
         assert [e.event for e in store.pending_outbox()] == [0, 1, 2, 3, 4, "new"]
         assert store.prune(3600) == {"processed": 0, "commit_ids": 0}
-    assert sql(url, f'SELECT version FROM "{pg_schema}".harel_store_schema') == [(2,)]
+    assert sql(url, f'SELECT version FROM "{pg_schema}".harel_store_schema') == [
+        (postgres.SCHEMA_VERSION,)
+    ]
     (low,) = sql(
         url, f'SELECT min(extract(epoch FROM recorded_at))::float8 FROM "{pg_schema}".processed'
     )[0]
     assert low >= started - 1
+
+
+def indexes(url: str, schema: str) -> set[str]:
+    rows = sql(url, f"SELECT indexname FROM pg_indexes WHERE schemaname = '{schema}'")
+    return {name for (name,) in rows}
+
+
+def test_a_schema_of_version_2_loses_the_recorded_at_indexes(
+    url: str, pg_schema: str, opened: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Schema 3: every commit wrote an entry in the recorded_at indexes of marks and commit
+    ids; they are dropped, everything kept, and prune finds old rows without them."""
+    monkeypatch.setattr(_core, "MIGRATIONS", _core.MIGRATIONS[:2])
+    with opened() as store:
+        fill(store, 40)
+    gone = {"processed_by_recorded_at", "commit_ids_by_recorded_at"}
+    assert gone <= indexes(url, pg_schema)
+    monkeypatch.undo()
+    time.sleep(0.3)
+    with opened() as store:
+        assert not gone & indexes(url, pg_schema)
+        assert sql(url, f'SELECT version FROM "{pg_schema}".harel_store_schema') == [(3,)]
+        assert store.overview()["processed"] == 40 and store.is_processed("e0000007", "ev7")
+        fill(store, 10, start=40)
+        assert store.prune(0.2) == {"processed": 40, "commit_ids": 40}
+        assert store.overview()["processed"] == 10
+    with opened() as store:  # reopened at this version: nothing missing
+        assert store.is_processed("e0000045", "ev45")
+
+
+def test_prune_walks_the_keys_a_window_at_a_time(
+    url: str, pg_schema: str, opened: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Old and young rows interleaved in key order, windows smaller than the table and
+    not dividing it: every old row deleted, no young one, each window at most a batch."""
+    from harel_store.postgres import _operate
+
+    store = opened()
+    fill(store, 90)
+    s = f'"{pg_schema}"'
+    for table in ("processed", "commit_ids"):  # every third execution's young, the rest old
+        sql(url, f"UPDATE {s}.{table} SET recorded_at = now() - interval '1 hour'")
+        sql(
+            url,
+            f"UPDATE {s}.{table} SET recorded_at = now()"
+            " WHERE substr(execution_id, 2)::int % 3 = 0",
+        )
+    steps: list[int] = []
+    real = _core._Core.prune_step
+
+    def counted(self: Any, *args: Any) -> Any:
+        n, after = yield from real(self, *args)
+        steps.append(n)
+        return n, after
+
+    monkeypatch.setattr(_core._Core, "prune_step", counted)
+    assert _operate.prune(store._run, 60, batch=7) == {"processed": 60, "commit_ids": 60}
+    assert len(steps) == 2 * 13 and max(steps) <= 7  # 90 keys in windows of 7
+    young = sql(url, f"SELECT execution_id FROM {s}.processed ORDER BY 1")
+    assert [eid for (eid,) in young] == [f"e{i:07d}" for i in range(0, 90, 3)]
+    assert store.prune(60) == {"processed": 0, "commit_ids": 0}
 
 
 @pytest.fixture

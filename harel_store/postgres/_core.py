@@ -585,9 +585,9 @@ class _Core:
         decode = self.codec.decode_value
         return _operate.shown(execution_id, exe, trace, rows, lambda e: decode(_unpack(e)))
 
-    def prune_step(self, table: str, older_than: float, batch: int) -> _Op:
-        n = yield _Query(*_operate.prune_step(self.sql.schema, table, older_than, batch))
-        return n
+    def prune_step(self, table: str, older_than: float, batch: int, after: Any) -> _Op:
+        rows = yield _Query(*_operate.prune_step(self.sql.schema, table, older_than, batch, after))
+        return _operate.pruned(rows, batch)
 
     # --- helpers -----------------------------------------------------------------------
 

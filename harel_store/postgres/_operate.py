@@ -2,8 +2,9 @@
 the schema step that adds when outbox and spawn entries were committed and when marks and
 commit ids were recorded (``timestamptz`` on the database's clock; PostgreSQL keeps the
 default of the ``ALTER`` for the rows already there, so they count as made at the
-migration), the indexes the overview reads, and each operation as a generator of
-statements run by the stores like the core's."""
+migration), the indexes the overview reads (schema 2; schema 3 drops those on when marks
+and commit ids were recorded, which every commit wrote: prune walks the keys instead), and
+each operation as a generator of statements run by the stores like the core's."""
 
 from __future__ import annotations
 
@@ -60,13 +61,35 @@ def _overview(s: str) -> str:
     )
 
 
-def _prune(s: str, table: str, key: str) -> str:
-    return (
-        f"DELETE FROM {s}.{table} WHERE ({'execution_id'}, {key}) IN ("
-        f" SELECT execution_id, {key} FROM {s}.{table}"
-        " WHERE recorded_at < now() - make_interval(secs => %s)"
-        " ORDER BY recorded_at LIMIT %s)"
-    )
+# Schema version 2 -> 3: marks and commit ids lose their recorded_at indexes, which every
+# commit wrote (two more index entries in its typical statement); prune walks the tables'
+# keys a window at a time instead (_prune), as the SQLite store's does.
+UNINDEXED: tuple[str, ...] = (
+    "DROP INDEX {s}.processed_by_recorded_at",
+    "DROP INDEX {s}.commit_ids_by_recorded_at",
+)
+
+
+def _prune(s: str, table: str, key: str, first: bool) -> str:
+    """One window of ``batch`` keys of ``table``, from its first key or after the one
+    given: the rows of it recorded before the horizon deleted (found by their ``ctid``:
+    a join could read the whole table), how many, how many keys the window held, and
+    its last key."""
+    after = "" if first else f" WHERE (execution_id, {key}) > (%(eid)s, %(key)s)"
+    return f"""
+WITH w AS (
+    SELECT ctid, execution_id, {key}, recorded_at FROM {s}.{table}{after}
+    ORDER BY execution_id, {key} LIMIT %(batch)s
+), d AS (
+    DELETE FROM {s}.{table} WHERE ctid = ANY (ARRAY(
+        SELECT ctid FROM w WHERE recorded_at < now() - make_interval(secs => %(age)s)))
+      AND recorded_at < now() - make_interval(secs => %(age)s)
+    RETURNING 1
+), last AS (
+    SELECT execution_id, {key} FROM w ORDER BY execution_id DESC, {key} DESC LIMIT 1
+)
+SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM w),
+    (SELECT execution_id FROM last), (SELECT {key} FROM last)"""
 
 
 def overview(schema: str, now: Any) -> tuple[str, dict[str, float]]:
@@ -93,15 +116,25 @@ def list_executions(schema: str, after: Any, limit: Any) -> tuple[str, tuple[Any
 
 
 def prune_step(
-    schema: str, table: str, older_than: float, batch: int
-) -> tuple[str, tuple[Any, ...]]:
-    """The statement deleting up to ``batch`` rows of ``table`` (``processed`` or
-    ``commit_ids``) recorded more than ``older_than`` seconds ago, a transaction of its
-    own, and its parameters."""
+    schema: str, table: str, older_than: float, batch: int, after: tuple[str, str] | None
+) -> tuple[str, dict[str, Any]]:
+    """The statement deleting what ``table`` (``processed`` or ``commit_ids``) recorded
+    more than ``older_than`` seconds ago among its ``batch`` keys after ``after`` (from
+    its first key when ``None``), a transaction of its own, and its parameters."""
     if table not in _operate.PRUNE_KEYS:
         raise ValueError(f"no table {table!r} to prune")
     key = "event_id" if table == "processed" else "commit_id"
-    return _prune(schema, table, key), (older_than, batch)
+    params: dict[str, Any] = {"age": older_than, "batch": batch}
+    if after is not None:
+        params["eid"], params["key"] = after
+    return _prune(schema, table, key, after is None), params
+
+
+def pruned(rows: list[Any], batch: int) -> tuple[int, tuple[str, str] | None]:
+    """What a window of :func:`prune_step` deleted, and the key the next one starts
+    after (``None``: the table's last window was read)."""
+    [(deleted, seen, eid, key)] = rows
+    return int(deleted), None if seen < batch else (eid, key)
 
 
 def _lease(column: str = "lease_until") -> str:
@@ -146,10 +179,11 @@ def prune(run: Any, older_than: Any, batch: int = _operate.PRUNE_BATCH) -> dict[
     older_than = _operate.as_older_than(older_than)
     deleted = dict.fromkeys(_operate.PRUNE_KEYS, 0)
     for table in _operate.PRUNE_KEYS:
+        after = None
         while True:
-            n = run("prune_step", table, older_than, batch)
+            n, after = run("prune_step", table, older_than, batch, after)
             deleted[table] += n
-            if n < batch:
+            if after is None:
                 break
     return deleted
 
@@ -159,10 +193,11 @@ async def aprune(run: Any, older_than: Any, batch: int = _operate.PRUNE_BATCH) -
     older_than = _operate.as_older_than(older_than)
     deleted = dict.fromkeys(_operate.PRUNE_KEYS, 0)
     for table in _operate.PRUNE_KEYS:
+        after = None
         while True:
-            n = await run("prune_step", table, older_than, batch)
+            n, after = await run("prune_step", table, older_than, batch, after)
             deleted[table] += n
-            if n < batch:
+            if after is None:
                 break
     return deleted
 

@@ -66,27 +66,32 @@ MIGRATIONS: list[tuple[str, ...]] = [
         ),
     ),
     _operate.MIGRATION,
+    _operate.UNINDEXED,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
-_MADE = re.compile(r"CREATE (TABLE|INDEX) (?:\{s\}\.)?(\w+)|SEQUENCE NAME \{s\}\.(\w+)")
+_MADE = re.compile(
+    r"(CREATE TABLE|CREATE INDEX|DROP INDEX) (?:\{s\}\.)?(\w+)|SEQUENCE NAME \{s\}\.(\w+)"
+)
 
 
 def schema_objects(migrations: list[tuple[str, ...]]) -> frozenset[str]:
     """What ``migrations`` make, by name: the tables, their primary keys' indexes
-    (``<table>_pkey``), the other indexes and the sequences. A schema at the version they
-    lead to must hold all of it (a migration that drops or renames one of them must be
-    taught here)."""
+    (``<table>_pkey``), the other indexes and the sequences, less the indexes a later
+    step drops. A schema at the version they lead to must hold all of it (a migration
+    that drops a table or renames anything must be taught here)."""
     names: set[str] = set()
     for step in migrations:
         for statement in step:
             for kind, name, sequence in _MADE.findall(statement):
                 if sequence:
                     names.add(sequence)
-                    continue
-                names.add(name)
-                if kind == "TABLE" and "PRIMARY KEY" in statement:
-                    names.add(f"{name}_pkey")
+                elif kind == "DROP INDEX":
+                    names.discard(name)
+                else:
+                    names.add(name)
+                    if kind == "CREATE TABLE" and "PRIMARY KEY" in statement:
+                        names.add(f"{name}_pkey")
     return frozenset(names)
 
 

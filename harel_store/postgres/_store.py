@@ -296,9 +296,10 @@ class PostgresStore(_transfer.Uncopyable):
 
     def prune(self, older_than: float) -> dict[str, int]:
         """Delete the processed marks and commit ids recorded more than ``older_than``
-        seconds ago (the database's clock), in every execution, a few thousand rows per
-        transaction; how many of each it deleted. An event whose mark was pruned is no
-        longer deduplicated."""
+        seconds ago (the database's clock), in every execution, walking each table's keys
+        a few thousand at a time, a transaction each (no index on when a row was
+        recorded: commits would write it); how many of each it deleted. An event whose
+        mark was pruned is no longer deduplicated."""
         return _operate.prune(self._run, older_than)
 
     def wait_for_work(self, timeout: float) -> bool:

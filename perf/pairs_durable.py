@@ -8,10 +8,12 @@ the ratios are taken from each side's best and median repeat::
 
     python perf/pairs_durable.py --store postgres --repeat 5
     python perf/pairs_durable.py --store sqlite-full --tasks 1,2,4,32
+    python perf/pairs_durable.py --store sqlite-normal --tasks 1 --peers
 
 Sides: ``single`` (``commit_typical``), ``batch`` (``commit_typical_batch``, per commit
-in batches of 100) and ``tasks_N`` (``commit_typical_tasks`` with N tasks through one async
-store). Prints microseconds per commit and the ratios single/batch and tasks_1/tasks_N.
+in batches of 100), ``tasks_N`` (``commit_typical_tasks`` with N tasks through one async
+store) and with ``--peers`` eventsourcing's and LangGraph's one write. Prints
+microseconds per commit and the ratios single/batch, tasks_1/tasks_N and peer/batch.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5, help="repeats of every side (default 5)")
     parser.add_argument("--commits", type=int, default=1000, help="commits a side (default 1000)")
     parser.add_argument("--tasks", default="1,32", help="task counts, comma-separated (1,32)")
+    parser.add_argument("--peers", action="store_true", help="eventsourcing and LangGraph too")
     args = parser.parse_args()
     counts = sorted({int(n) for n in args.tasks.split(",")} | {1})
     if args.repeat < 1 or args.commits < bd.BATCH or counts[0] < 1:
@@ -60,14 +63,18 @@ def main() -> None:
         }
         for k in counts:
             sides[f"tasks_{k}"] = partial(per_commit, bd.time_commit_typical_tasks, n, k)
+        if args.peers:
+            sides["eventsourcing"] = partial(per_commit, bd.time_eventsourcing, n)
+            sides["langgraph"] = partial(per_commit, bd.time_langgraph, n)
         times: dict[str, list[float]] = {name: [] for name in sides}
         for _ in range(args.repeat):
             for name, side in sides.items():
                 times[name].append(side())
         for name, values in times.items():
-            print(f"{target} {name:>9}: best {min(values) * 1e6:7.1f} us, "
+            print(f"{target} {name:>13}: best {min(values) * 1e6:7.1f} us, "
                   f"median {statistics.median(values) * 1e6:7.1f} us per commit")  # fmt: skip
         pairs = [("single", "batch")] + [("tasks_1", f"tasks_{k}") for k in counts if k > 1]
+        pairs += [(peer, "batch") for peer in bd.PEERS if peer in times]
         for one, many in pairs:
             best = min(times[one]) / min(times[many])
             median = statistics.median(times[one]) / statistics.median(times[many])

@@ -1,7 +1,8 @@
 """What only PostgreSQL's batches have (issue 27): a batch of commits is one transaction of
 a fixed number of round trips whatever its size, with no savepoint; it sends one
 notification; it wakes ``wait_for_work`` in another process; processes committing
-overlapping batches lose no update and each CAS has exactly one winner; the async twin.
+overlapping batches lose no update and each CAS has exactly one winner; the async twin;
+small batches are not planned at every call.
 
 The contract of ``commit_many`` on every store is in the cross-store tests; here each test
 works in a schema of its own on the session's ``pg_server``.
@@ -397,3 +398,51 @@ def test_a_task_cancelled_in_a_group_lands_whole_or_not_at_all(url: str, pg_sche
                 await store.ack_outbox_many(e.seq for e in await store.pending_outbox())
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("twin", ["sync", "async"])
+def test_small_batches_run_generic_plans_not_a_plan_per_call(
+    url: str, pg_schema: str, twin: str
+) -> None:
+    # The planner's costs keep custom plans for arrays of two: planned at every call,
+    # the write of a group of 2 cost more than 2 lone commits.
+    with psycopg.connect(url, autocommit=True) as conn:
+        try:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            conn.execute("SELECT 1 FROM pg_stat_statements LIMIT 1")
+        except psycopg.Error:
+            pytest.skip("the server does not load pg_stat_statements")
+    tracked = psycopg.conninfo.make_conninfo(url, options="-c pg_stat_statements.track_planning=on")
+
+    def batches() -> list[list[Commit]]:
+        exes = [Execution(id=f"p{i}") for i in range(2)]
+        return [
+            [Commit(exe, [("t", {})], None, [], [], {"k": k}) for exe in exes] for k in range(30)
+        ]
+
+    if twin == "sync":
+        with PostgresStore(tracked, schema=pg_schema, pool_size=1) as store:
+            for batch in batches():
+                assert store.commit_many(batch) == [None, None]
+    else:
+
+        async def main() -> None:
+            async with AsyncPostgresStore(tracked, schema=pg_schema, pool_size=1) as store:
+                for batch in batches():
+                    assert await store.commit_many(batch) == [None, None]
+
+        asyncio.run(main())
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT sum(calls), sum(plans) FROM pg_stat_statements"
+            " WHERE query LIKE %s AND query LIKE %s",
+            (f'%"{pg_schema}".executions%', "%FOR UPDATE%"),
+        ).fetchall()
+        rows += conn.execute(
+            "SELECT sum(calls), sum(plans) FROM pg_stat_statements"
+            " WHERE query LIKE %s AND query LIKE %s",
+            (f'%"{pg_schema}".outbox%', "%WITH upd AS%"),
+        ).fetchall()
+    for done, planned in rows:  # the lock: 31 plans before, 1 after; the write: 6, 1
+        assert done == 30, rows
+        assert planned <= 8, f"{planned} plans for {done} calls"

@@ -16,7 +16,7 @@ from .._digest import body_digest
 from .._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError
 from .._records import OutboxEntry, SpawnEntry
 from .._redact import redact
-from . import _batch, _operate
+from . import _batch, _operate, _tagged
 from ._schema import (
     _INSPECT,
     _SQL_CACHE,
@@ -95,6 +95,7 @@ class _Core:
         "connect_timeout",
         "conninfo",
         "marks",
+        "plain_json",
         "pool_size",
         "prepare",
         "schema",
@@ -129,6 +130,7 @@ class _Core:
             _checks.as_codec(codec)
         self.codec = codec
         self.canonical = getattr(codec, "canonical_value", None) or codec.encode_value
+        self.plain_json = _tagged.is_plain_json(codec)
         if not isinstance(schema, str):
             raise TypeError(f"schema must be a str, got {type(schema).__name__}")
         if not _SCHEMA_NAME.match(schema) or schema.lower().startswith("pg_"):
@@ -313,27 +315,18 @@ class _Core:
         # Encode everything before the statement: a value the codec refuses is a
         # TypeError naming it, and nothing is written.
         blob = _pack(self._encode_exe(exe, eid))
-        encode = self._encode
-        targets = _Texts()
-        events = _Blobs()
-        for i, (target, event) in enumerate(body.emits):
-            targets.append(target)
-            events.append(_pack(encode(event, "the event of emits", i)))
-        children = _Texts()
-        roots = _Blobs()
-        contexts = _Blobs()
-        for i, (child_id, root_path, context) in enumerate(body.spawns):
-            children.append(child_id)
-            roots.append(_pack(encode(root_path, "the root_path of spawns", i)))
-            contexts.append(_pack(encode(context, "the context of spawns", i)))
-        step = _Blobs()
-        if body.trace is not None:
-            step.append(_pack(encode(body.trace, "the trace step")))
+        targets = _Texts([target for target, _ in body.emits])
+        children = _Texts([spawn[0] for spawn in body.spawns])
+        encoded = _tagged.encode_body(body, commit_id is not None) if self.plain_json else None
+        if encoded is None:
+            events, roots, contexts, step, sha = self._encode_body(body, commit_id)
+        else:
+            events, roots, contexts, step, sha = encoded
         cid = _Texts()
         digest = _Blobs()
         if commit_id is not None:
             cid.append(commit_id)
-            digest.append(self._digest(body, commit_id))
+            digest.append(sha)
         # The last op on a path decides its final state; one statement writes each row once.
         final: dict[Any, float | None] = {}
         for action, path, fire_at in body.timers:
@@ -600,6 +593,29 @@ class _Core:
             SpawnEntry(row[0], row[1], row[2], decode(_unpack(row[3])), decode(_unpack(row[4])))
             for row in rows
         ]
+
+    def _encode_body(
+        self, body: _checks.Body, commit_id: str | None
+    ) -> tuple[_Blobs, _Blobs, _Blobs, _Blobs, bytes | None]:
+        """The packed events, spawn roots and contexts, and trace step of ``body``, and
+        its digest when it has a ``commit_id``, each encoded by the codec."""
+        encode = self._encode
+        events = _Blobs(
+            [
+                _pack(encode(event, "the event of emits", i))
+                for i, (_, event) in enumerate(body.emits)
+            ]
+        )
+        roots = _Blobs()
+        contexts = _Blobs()
+        for i, (_, root_path, context) in enumerate(body.spawns):
+            roots.append(_pack(encode(root_path, "the root_path of spawns", i)))
+            contexts.append(_pack(encode(context, "the context of spawns", i)))
+        step = _Blobs()
+        if body.trace is not None:
+            step.append(_pack(encode(body.trace, "the trace step")))
+        sha = None if commit_id is None else self._digest(body, commit_id)
+        return events, roots, contexts, step, sha
 
     def _encode_exe(self, exe: Any, eid: str) -> Any:
         return _codec.encode_execution(self.codec, exe, eid)

@@ -83,6 +83,7 @@ PACKAGE_FILES = {
     "postgres/_schema.py",
     "postgres/_statements.py",
     "postgres/_store.py",
+    "postgres/_tagged.py",
     "py.typed",
     "sqlite/__init__.py",
     "sqlite/_aio.py",

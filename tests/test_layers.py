@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import harel_store
 
 ROOT = Path(harel_store.__file__).resolve().parent
@@ -161,3 +163,24 @@ def test_imports_only_point_down() -> None:
         if layer(target) > layer(name)
     ]
     assert upward == []
+
+
+def test_the_release_check_lists_every_module() -> None:
+    """tools/inspect_dists.py's PACKAGE_FILES is what a wheel must hold: a module added to
+    the package and not to it fails the release step, so it fails here first."""
+    tools = Path(__file__).resolve().parent.parent / "tools" / "inspect_dists.py"
+    if not tools.is_file():
+        pytest.skip("the suite runs apart from the sources: no tools/ beside tests/")
+    tree = ast.parse(tools.read_text())
+    listed = next(
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "PACKAGE_FILES" for t in node.targets)
+    )
+    present = {
+        path.relative_to(ROOT).as_posix()
+        for path in ROOT.rglob("*")
+        if (path.suffix == ".py" or path.name == "py.typed") and "__pycache__" not in path.parts
+    }
+    assert present == listed

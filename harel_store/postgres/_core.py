@@ -332,7 +332,7 @@ class _Core:
         for action, path, fire_at in body.timers:
             final.pop(path, None)
             final[path] = fire_at if action == "schedule" else None
-        arm = _Texts(path for path, at in final.items() if at is not None)
+        arm = _Texts([path for path, at in final.items() if at is not None])
         keep = self.trace_max or 0
         # Every parameter has one type whatever its value (an optional one is an array
         # of none or one): one prepared statement per connection (see _adapt).
@@ -350,8 +350,8 @@ class _Core:
             if body.processed_event_id is None
             else _Texts([body.processed_event_id]),
             "arm": arm,
-            "at": _Floats(final[path] for path in arm),
-            "disarm": _Texts(path for path, at in final.items() if at is None),
+            "at": _Floats([final[path] for path in arm]),
+            "disarm": _Texts([path for path, at in final.items() if at is None]),
             "children": children,
             "roots": roots,
             "contexts": contexts,

@@ -331,7 +331,7 @@ def commit_body(
 ) -> Body:
     """Check a whole commit body as every store does; ``str_ids`` adds the durable
     stores' rule that event ids, child ids, target ids and timer paths are ``str``."""
-    pairs = tuple([(e.target_id, e.event) for e in outbox_entries(emits, 0)])
+    pairs = tuple([emit_pair(item, i) for i, item in enumerate(snapshot(emits, "emits"))])
     if processed_event_id is not None:
         if str_ids:
             str_id(processed_event_id, "processed_event_id")
@@ -341,13 +341,16 @@ def commit_body(
     born = tuple([(s.child_id, s.root_path, s.context) for s in spawn_entries(spawns, None, 0)])
     step = None if trace is None else trace_step(trace, "trace")
     if str_ids:
+        # Only an id that is not a str is named: a message made for each would cost more.
         for i, (target, _) in enumerate(pairs):
-            if target is not None:
+            if target is not None and type(target) is not str:
                 str_id(target, f"emits[{i}] target_id")
         for i, op in enumerate(ops):
-            str_id(op.path, f"timers[{i}].path")
+            if type(op.path) is not str:
+                str_id(op.path, f"timers[{i}].path")
         for i, (child_id, _, _) in enumerate(born):
-            str_id(child_id, f"spawns[{i}] child_id")
+            if type(child_id) is not str:
+                str_id(child_id, f"spawns[{i}] child_id")
     return Body(pairs, processed_event_id, ops, born, step)
 
 

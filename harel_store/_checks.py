@@ -312,7 +312,8 @@ def commit_keys(
 def durable_keys(execution_id: str, body: Body, commit_id: str | None) -> None:
     """:func:`durable_key` for every id of :func:`commit_keys`."""
     for value, what, i in commit_keys(execution_id, body, commit_id):
-        durable_key(value, what, i)
+        if len(value) * 4 > KEY_BYTES_MAX:  # else short enough whatever its characters
+            durable_key(value, what, i)
 
 
 class Body(NamedTuple):

@@ -10,12 +10,12 @@ writing the digest's list of already tagged values gives the very text
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 from .._checks import Body
 from .._codec import JsonCodec, _encode, _encode_sorted, _Refused, _tag
-from ._statements import _Blobs
+from .._digest import body_digest
+from ._statements import _Blobs, _pack
 
 _REFUSED = (_Refused, TypeError, ValueError, OverflowError, RecursionError)
 
@@ -27,11 +27,6 @@ def is_plain_json(codec: Any) -> bool:
         getattr(getattr(codec, name, None), "__func__", None) is getattr(JsonCodec, name)
         for name in ("encode_value", "canonical_value")
     )
-
-
-def _text(tagged: Any) -> bytes:
-    """A tagged value as a durable store holds it (``_statements._pack`` of its text)."""
-    return b"t" + _encode(tagged).encode("utf-8", "surrogatepass")
 
 
 def encode_body(
@@ -46,26 +41,25 @@ def encode_body(
         tagged_events = [_tag(event) for _, event in body.emits]
         tagged_spawns = [(_tag(root), _tag(context)) for _, root, context in body.spawns]
         tagged_step = None if body.trace is None else _tag(body.trace)
-        events = _Blobs([_text(event) for event in tagged_events])
-        roots = _Blobs([_text(root) for root, _ in tagged_spawns])
-        contexts = _Blobs([_text(context) for _, context in tagged_spawns])
-        step = _Blobs() if tagged_step is None else _Blobs([_text(tagged_step)])
+        events = _Blobs([_pack(_encode(event)) for event in tagged_events])
+        roots = _Blobs([_pack(_encode(root)) for root, _ in tagged_spawns])
+        contexts = _Blobs([_pack(_encode(context)) for _, context in tagged_spawns])
+        step = _Blobs() if tagged_step is None else _Blobs([_pack(_encode(tagged_step))])
         digest = None
         if with_digest:
-            # The list body_digest builds, its values already tagged: _tag of the whole
-            # leaves these lists and their scalars (ids, floats, None) as they are.
-            value = [
-                [[target, event] for (target, _), event in zip(body.emits, tagged_events)],
+            # The body with its values already tagged: _tag of the whole would leave the
+            # lists body_digest builds, and their scalars, as they are.
+            tagged_body = (
+                [(target, event) for (target, _), event in zip(body.emits, tagged_events)],
                 body.processed_event_id,
-                [[action, path, fire_at] for action, path, fire_at in body.timers],
+                body.timers,
                 [
-                    [child, root, context]
-                    for (child, _, _), (root, context) in zip(body.spawns, tagged_spawns)
+                    (child, root, ctx)
+                    for (child, _, _), (root, ctx) in zip(body.spawns, tagged_spawns)
                 ],
                 tagged_step,
-            ]
-            data = _encode_sorted(value).encode("utf-8", "surrogatepass")
-            digest = hashlib.sha256(data).digest()
+            )
+            digest = body_digest(_encode_sorted, tagged_body)
     except _REFUSED:
         return None
     return events, roots, contexts, step, digest

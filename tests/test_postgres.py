@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 import harel_store
-from harel_store import Execution, OutboxEntry, StoreConflict, StoreError, TimerOp
+from harel_store import Execution, OutboxEntry, StaleWriter, StoreConflict, StoreError, TimerOp
 from harel_store._codec import JsonCodec
 
 psycopg = pytest.importorskip("psycopg")
@@ -235,6 +235,46 @@ def test_a_typical_commit_is_one_round_trip_and_one_statement(
     assert exe.version == 3 + n
     assert len(store.pending_outbox()) == 2 * (3 + n)
     assert store.read_trace("e1")[-1] == {"k": 2 + n, "index": 2 + n}
+
+
+def test_a_single_row_commit_is_prepared_once_with_or_without_its_options(
+    opened: Callable[..., Any], wire: tuple[WireCounter, str]
+) -> None:
+    """The parts of one row are scalar parameters, and an absent epoch or commit id is
+    no NULL (whose type psycopg would not know, preparing the statement again)."""
+    counter, proxied = wire
+    store = opened(url=proxied)
+    exe = Execution(id="e1")
+
+    def one_row(k: int, **extra: Any) -> None:
+        store.commit(
+            exe, [("billing", {"k": k})], f"in-{k}", [TimerOp("schedule", "t", 1000.0 + k)],
+            (), {"k": k}, **extra,
+        )  # fmt: skip
+
+    one_row(0)  # prepares
+    before = counter.snapshot()
+    one_row(1, commit_id="c1", epoch=3)
+    one_row(2, epoch=3)
+    one_row(3, commit_id="c3")
+    one_row(4)
+    after = counter.snapshot()
+    assert (after["Z"] - before["Z"], after["P"] - before["P"]) == (4, 0)
+    one_row(1, commit_id="c1", epoch=3)  # a replay: nothing written again
+    assert exe.version == 2
+    exe.version = 5
+    with pytest.raises(StaleWriter):
+        one_row(5, epoch=2)
+    assert exe.version == 5
+    store.commit(exe, [(None, "to no target")])  # one emit, as an array: no NULL scalar
+    assert [(e.target_id, e.event) for e in store.pending_outbox()[-2:]] == [
+        ("billing", {"k": 4}),
+        (None, "to no target"),
+    ]
+    assert len(store.pending_outbox()) == 6
+    assert store.read_trace("e1")[-1] == {"k": 4, "index": 4}
+    assert store.due_timers(2000.0) == [("e1", "t", 1004.0)]
+    assert store.is_processed("e1", "in-3")
 
 
 def test_loads_acks_and_claims_are_one_round_trip_each(

@@ -350,15 +350,21 @@ def probe_version(exe: Any) -> None:
 def from_single(single: _Single) -> _Prepared:
     """A commit :meth:`~._core._Core.prepare_commit` made, as a batch takes it."""
     params = single.params
+    get = params.get
     return _Prepared(
         single.exe, single.eid, single.version, single.epoch, params["body"], single.commit_id,
-        params["digest"][0] if params["digest"] else None,
-        list(zip(params["targets"], params["events"])),
-        params["pev"][0] if params["pev"] else None,
-        list(zip(params["arm"], params["at"])), list(params["disarm"]),
-        list(zip(params["children"], params["roots"], params["contexts"])),
-        params["step"][0] if params["step"] else None,
+        params["digest"] or None, _rows(params, ("target", "event"), ("targets", "events")),
+        get("pev"), _rows(params, ("path", "fire_at"), ("arm", "at")), list(get("disarm", ())),
+        list(zip(get("children", ()), get("roots", ()), get("contexts", ()))), get("step"),
     )  # fmt: skip
+
+
+def _rows(params: dict[str, Any], one: tuple[str, ...], many: tuple[str, ...]) -> list[Any]:
+    """The rows of a part of a single commit's parameters: none, one (scalars), or
+    more (arrays)."""
+    if one[0] in params:
+        return [tuple(params[key] for key in one)]
+    return list(zip(*(params.get(key, ()) for key in many)))
 
 
 def write_group(core: _Core, parts: list[Any]) -> _Op:

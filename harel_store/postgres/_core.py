@@ -31,7 +31,6 @@ from ._statements import (
     _UNIQUE,
     _Blobs,
     _Floats,
-    _Ints,
     _Op,
     _pack,
     _Query,
@@ -322,48 +321,57 @@ class _Core:
             events, roots, contexts, step, sha = self._encode_body(body, commit_id)
         else:
             events, roots, contexts, step, sha = encoded
-        cid = _Texts()
-        digest = _Blobs()
-        if commit_id is not None:
-            cid.append(commit_id)
-            digest.append(sha)
         # The last op on a path decides its final state; one statement writes each row once.
         final: dict[Any, float | None] = {}
         for action, path, fire_at in body.timers:
             final.pop(path, None)
             final[path] = fire_at if action == "schedule" else None
         arm = _Texts([path for path, at in final.items() if at is not None])
-        keep = self.trace_max or 0
-        # Every parameter has one type whatever its value (an optional one is an array
-        # of none or one): one prepared statement per connection (see _adapt).
+        disarm = _Texts([path for path, at in final.items() if at is None])
+        # The parameters the statement of this shape reads (_Sql.commit): a part of one
+        # row as scalars, of more as arrays. None is ever NULL, whose type psycopg does not
+        # know (it would prepare the statement again): no epoch is -1 (an epoch is at
+        # least 0), no commit id an empty digest (a digest has 32 bytes), an emit to no
+        # target one of the arrays.
         params = {
             "id": eid,
             "old": version,
             "new": version + 1,
-            "epoch": _Ints() if epoch is None else _Ints([epoch]),
+            "epoch": -1 if epoch is None else epoch,
             "body": blob,
-            "cid": cid,
-            "digest": digest,
-            "targets": targets,
-            "events": events,
-            "pev": _Texts()
-            if body.processed_event_id is None
-            else _Texts([body.processed_event_id]),
-            "arm": arm,
-            "at": _Floats([final[path] for path in arm]),
-            "disarm": _Texts([path for path, at in final.items() if at is None]),
-            "children": children,
-            "roots": roots,
-            "contexts": contexts,
-            "step": step,
-            "keep": keep,
+            "cid": "" if commit_id is None else commit_id,
+            "digest": b"" if commit_id is None else sha,
+            "keep": self.trace_max or 0,
             "channel": self.channel,
         }
+        one_emit = len(events) == 1 and targets[0] is not None
+        if one_emit:
+            params["target"] = targets[0]
+            params["event"] = events[0]
+        elif events:
+            params["targets"] = targets
+            params["events"] = events
+        if body.processed_event_id is not None:
+            params["pev"] = body.processed_event_id
+        if len(arm) == 1:
+            params["path"] = arm[0]
+            params["fire_at"] = final[arm[0]]
+        elif arm:
+            params["arm"] = arm
+            params["at"] = _Floats([final[path] for path in arm])
+        if disarm:
+            params["disarm"] = disarm
+        if children:
+            params["children"] = children
+            params["roots"] = roots
+            params["contexts"] = contexts
+        if step:
+            params["step"] = step[0]
         shape: _Shape = (
-            min(len(events), 2),
+            1 if one_emit else 2 if events else 0,
             body.processed_event_id is not None,
             min(len(arm), 2),
-            bool(params["disarm"]),
+            bool(disarm),
             bool(children),
             bool(step),
         )
@@ -399,7 +407,7 @@ class _Core:
     ) -> Generator[_Query, Any, bool]:
         """:meth:`commit`'s statements: whether it was applied with a trace step whose
         trim may have missed steps; raises, or sets the version of a replay, else."""
-        cid = params["cid"]
+        recheck = {"id": eid, "cid": commit_id}
         for _ in range(2):
             rows = yield _Query(self.sql.commit(shape), params, True, unique=True)
             if rows is not _UNIQUE:
@@ -414,10 +422,10 @@ class _Core:
             # Refused by a writer the statement did not see (a concurrent first write, an
             # update or a forget after its snapshot), or a unique violation on the commit
             # id: another try of this very commit may have landed. Look again.
-            rows = yield _Query(self.sql.recheck, {"id": eid, "cid": cid})
+            rows = yield _Query(self.sql.recheck, recheck)
             found, found_epoch, done, done_version = rows[0]
             if done is not None:
-                self._replayed(exe, eid, commit_id, params["digest"][0], done, done_version)
+                self._replayed(exe, eid, commit_id, params["digest"], done, done_version)
                 return False
             if epoch is not None and found_epoch is not None and found_epoch > epoch:
                 raise StaleWriter(eid, epoch, found_epoch)
@@ -513,7 +521,7 @@ class _Core:
         keep = self.trace_max or 0
         params = {
             "id": execution_id,
-            "step": _Blobs([_pack(self._encode(step, "the trace entry"))]),
+            "step": _pack(self._encode(step, "the trace entry")),
             "keep": keep,
         }
         rows = yield _Query(self.sql.record_trace, params, True)

@@ -110,8 +110,7 @@ _TRIMMED = """tr.execution_id = %(id)s AND tr.idx >= 0
 
 
 def _ring(s: str, when: str) -> str:
-    """The parts of a ``WITH`` that append ``%(step)s`` (an array of no step or one) to
-    the ring of ``%(id)s`` and trim it to ``%(keep)s`` steps (``0``: keep all), ``when``
+    """The parts of a ``WITH`` that append the step ``%(step)s`` to the ring of ``%(id)s`` and trim it to ``%(keep)s`` steps (``0``: keep all), ``when``
     the condition to append; :data:`_MISSED` tells whether the trim may have missed steps.
 
     The upsert of the ring's ``trace_index`` row locks it, so appends of one execution
@@ -124,12 +123,12 @@ seen AS (
     SELECT next_index FROM {s}.trace_index WHERE execution_id = %(id)s
 ), ring AS (
     INSERT INTO {s}.trace_index AS ti (execution_id, next_index)
-    SELECT %(id)s, 1 WHERE cardinality(%(step)s::bytea[]) > 0 AND {when}
+    SELECT %(id)s, 1 WHERE {when}
     ON CONFLICT (execution_id) DO UPDATE SET next_index = ti.next_index + 1
     RETURNING next_index
 ), step AS (
     INSERT INTO {s}.trace (execution_id, idx, step)
-    SELECT %(id)s, next_index - 1, (%(step)s::bytea[])[1] FROM ring
+    SELECT %(id)s, next_index - 1, %(step)s::bytea FROM ring
 ), trim AS (
     DELETE FROM {s}.trace AS tr
     WHERE %(keep)s::bigint > 0 AND {_TRIMMED}
@@ -162,14 +161,13 @@ def _commit_sql(s: str, shape: _Shape) -> str:
         f"""upd AS (
     UPDATE {s}.executions
     SET version = %(new)s::bigint, body = %(body)s::bytea,
-        epoch = coalesce((%(epoch)s::bigint[])[1], epoch)
+        epoch = coalesce(nullif(%(epoch)s::bigint, -1), epoch)
     WHERE id = %(id)s AND version = %(old)s::bigint
-      AND (epoch IS NULL OR cardinality(%(epoch)s::bigint[]) = 0
-           OR epoch <= (%(epoch)s::bigint[])[1])
+      AND (epoch IS NULL OR %(epoch)s::bigint = -1 OR epoch <= %(epoch)s::bigint)
     RETURNING 1
 ), ins AS (
     INSERT INTO {s}.executions (id, version, epoch, body)
-    SELECT %(id)s, %(new)s::bigint, (%(epoch)s::bigint[])[1], %(body)s::bytea
+    SELECT %(id)s, %(new)s::bigint, nullif(%(epoch)s::bigint, -1), %(body)s::bytea
     WHERE NOT EXISTS (SELECT FROM upd)
     ON CONFLICT (id) DO NOTHING
     RETURNING 1
@@ -181,7 +179,7 @@ def _commit_sql(s: str, shape: _Shape) -> str:
     ]
     if emits:
         rows = (
-            "(%(targets)s::text[])[1], (%(events)s::bytea[])[1] WHERE EXISTS (SELECT FROM ok)"
+            "%(target)s::text, %(event)s::bytea WHERE EXISTS (SELECT FROM ok)"
             if emits == 1
             else "t, e FROM unnest(%(targets)s::text[], %(events)s::bytea[])"
             " WITH ORDINALITY AS u (t, e, o) WHERE EXISTS (SELECT FROM ok) ORDER BY o"
@@ -193,12 +191,12 @@ def _commit_sql(s: str, shape: _Shape) -> str:
     if mark:
         parts.append(f"""mark AS (
     INSERT INTO {s}.processed (execution_id, event_id)
-    SELECT %(id)s, (%(pev)s::text[])[1] WHERE EXISTS (SELECT FROM ok)
+    SELECT %(id)s, %(pev)s::text WHERE EXISTS (SELECT FROM ok)
     ON CONFLICT DO NOTHING
 )""")
     if arm:
         rows = (
-            "(%(arm)s::text[])[1], (%(at)s::float8[])[1] WHERE EXISTS (SELECT FROM ok)"
+            "%(path)s::text, %(fire_at)s::float8 WHERE EXISTS (SELECT FROM ok)"
             if arm == 1
             else "p, f FROM unnest(%(arm)s::text[], %(at)s::float8[])"
             " WITH ORDINALITY AS u (p, f, o) WHERE EXISTS (SELECT FROM ok) ORDER BY o"
@@ -226,8 +224,8 @@ def _commit_sql(s: str, shape: _Shape) -> str:
         parts.append(_ring(s, "EXISTS (SELECT FROM ok)").strip())
     parts.append(f"""rec AS (
     INSERT INTO {s}.commit_ids (execution_id, commit_id, digest, version)
-    SELECT %(id)s, (%(cid)s::text[])[1], (%(digest)s::bytea[])[1], %(new)s::bigint
-    WHERE cardinality(%(cid)s::text[]) > 0 AND EXISTS (SELECT FROM ok)
+    SELECT %(id)s, %(cid)s::text, %(digest)s::bytea, %(new)s::bigint
+    WHERE octet_length(%(digest)s::bytea) > 0 AND EXISTS (SELECT FROM ok)
 )""")
     wake = emits or arm or spawn
     if wake:
@@ -276,9 +274,9 @@ class _Sql:
 SELECT (SELECT version FROM {s}.executions WHERE id = %(id)s),
     (SELECT epoch FROM {s}.executions WHERE id = %(id)s),
     (SELECT digest FROM {s}.commit_ids
-        WHERE execution_id = %(id)s AND commit_id = (%(cid)s::text[])[1]),
+        WHERE execution_id = %(id)s AND commit_id = %(cid)s::text),
     (SELECT version FROM {s}.commit_ids
-        WHERE execution_id = %(id)s AND commit_id = (%(cid)s::text[])[1])"""
+        WHERE execution_id = %(id)s AND commit_id = %(cid)s::text)"""
         self.record_trace = f"WITH {_ring(s, 'true').strip()} SELECT {_MISSED}"
         # A ring trimmed again, on a snapshot taken after the append committed (see
         # _MISSED), under the lock of its row: every writer of a ring locks its
@@ -434,10 +432,13 @@ ON CONFLICT (execution_id) DO UPDATE SET next_index = ti.next_index WHERE false"
         (one, or more), a processed mark, timers to arm (one, or more), timers to disarm,
         spawns, a trace step. The parts a commit does not use are left out, so PostgreSQL
         plans and starts only what the commit writes (a save is the CAS and the commit
-        id's record), and a part of one row takes it from its arrays by subscript, not
-        through ``unnest`` and a sort. One statement per shape, prepared once per
-        connection; the commit id's record is in every one, so a commit with an id (and
-        its replay) uses the statement of the same commit without one."""
+        id's record), and a part of one row is a parameter of its own, not an array
+        read through ``unnest`` and a sort (nor by subscript: psycopg converts a scalar
+        in C, an array in Python). One statement per shape; the commit id's record is in
+        every one, so a commit with an id (and its replay) uses the statement of the same
+        commit without one. Every parameter has one type whatever its value, so psycopg
+        prepares it once per connection: no parameter is ever NULL (see
+        :meth:`_Core.prepare_commit`)."""
         sql = self._commits.get(shape)
         if sql is None:
             sql = self._commits[shape] = _commit_sql(self.schema, shape)

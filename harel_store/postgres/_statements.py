@@ -29,7 +29,8 @@ class _Query(NamedTuple):
 
 
 _UNIQUE = object()
-# A commit's shape (_Sql.commit): how many emits (0, 1, or 2 for more), whether a mark,
+# A commit's shape (_Sql.commit): its emits (0, 1 to a target, 2 for more or one to no
+# target: see _Core.prepare_commit), whether a mark,
 # how many timers to arm (0, 1, 2 for more), whether timers to disarm, spawns, a step.
 _Shape = tuple[int, bool, int, bool, bool, bool]
 _Op = Generator[_Query, Any, Any]

@@ -332,8 +332,19 @@ def commit_body(
 ) -> Body:
     """Check a whole commit body as every store does; ``str_ids`` adds the durable
     stores' rule that event ids, child ids, target ids and timer paths are ``str``."""
-    pairs = tuple([emit_pair(item, i) for i, item in enumerate(snapshot(emits, "emits"))])
-    if processed_event_id is not None:
+    pairs = snapshot(emits, "emits")
+    plain = True  # every pair an exact 2-tuple with a str or None target: kept as it is
+    for item in pairs:
+        if type(item) is not tuple or len(item) != 2:
+            plain = False
+            break
+        target = item[0]
+        if target is not None and type(target) is not str:
+            plain = False
+            break
+    if not plain:
+        pairs = tuple([emit_pair(item, i) for i, item in enumerate(pairs)])
+    if processed_event_id is not None and type(processed_event_id) is not str:
         if str_ids:
             str_id(processed_event_id, "processed_event_id")
         else:
@@ -343,7 +354,7 @@ def commit_body(
     step = None if trace is None else trace_step(trace, "trace")
     if str_ids:
         # Only an id that is not a str is named: a message made for each would cost more.
-        for i, (target, _) in enumerate(pairs):
+        for i, (target, _) in enumerate(() if plain else pairs):
             if target is not None and type(target) is not str:
                 str_id(target, f"emits[{i}] target_id")
         for i, op in enumerate(ops):

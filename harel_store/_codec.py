@@ -104,12 +104,12 @@ def _tag(value: Any) -> Any:
 def _tag_items(items: Any) -> Any:
     for i, item in enumerate(items):
         if type(item) not in _SCALARS:
-            tagged = _tag(item)
+            tagged = _tag_inner(item)
             if tagged is not item:
                 out = list(items[:i])
                 out.append(tagged)
                 for item in items[i + 1 :]:
-                    out.append(item if type(item) in _SCALARS else _tag(item))
+                    out.append(item if type(item) in _SCALARS else _tag_inner(item))
                 return out
     return items
 
@@ -121,13 +121,33 @@ def _tag_dict(value: dict[Any, Any]) -> Any:
     for key, item in value.items():
         if type(key) is not str:
             raise _Refused
-        if type(item) not in _SCALARS:
-            tagged = _tag(item)
+        kind = type(item)
+        if kind not in _SCALARS:  # _tag_inner, inlined: most values are dicts of scalars
+            if kind is dict:
+                tagged = _tag_dict(item)
+            elif kind is tuple:
+                tagged = {_TUPLE: _tag_items(item)}
+            elif kind is list:
+                tagged = _tag_items(item)
+            else:
+                raise _Refused
             if tagged is not item:
                 if out is None:
                     out = value.copy()
                 out[key] = tagged
     return value if out is None else out
+
+
+def _tag_inner(value: Any) -> Any:
+    """:func:`_tag` of a value known not to be a scalar."""
+    kind = type(value)
+    if kind is dict:
+        return _tag_dict(value)
+    if kind is tuple:
+        return {_TUPLE: _tag_items(value)}
+    if kind is list:
+        return _tag_items(value)
+    raise _Refused
 
 
 def _untag(obj: dict[str, Any]) -> Any:
@@ -171,21 +191,32 @@ def _refusal(value: Any) -> TypeError:
     return TypeError(f"{found} is not a JSON value ({_ACCEPTS}); pass codec= for other types")
 
 
-def _make_encoder(sort_keys: bool) -> Callable[[Any], str]:
-    """A compact JSON writer, made once: ``json.dumps`` builds its C encoder on every call."""
+def _make_writer(sort_keys: bool) -> Callable[[Any, int], Any]:
+    """A compact JSON writer, made once (``json.dumps`` builds its C encoder on every
+    call): ``"".join(write(value, 0))`` is the text."""
     if c_make_encoder is None:  # an interpreter without the C accelerator
-        return json.JSONEncoder(
+        encode = json.JSONEncoder(
             separators=(",", ":"), check_circular=False, sort_keys=sort_keys
         ).encode
-    write = c_make_encoder(
+        return lambda value, _: (encode(value),)
+    return c_make_encoder(  # type: ignore[no-any-return]
         None, None, encode_basestring_ascii, None, ":", ",", sort_keys, False, True
     )
-    join = "".join
-    return lambda value: join(write(value, 0))
 
 
-_encode = _make_encoder(False)
-_encode_sorted = _make_encoder(True)
+_write = _make_writer(False)
+_write_sorted = _make_writer(True)
+_join = "".join
+
+
+def _encode(value: Any) -> str:
+    return _join(_write(value, 0))
+
+
+def _encode_sorted(value: Any) -> str:
+    return _join(_write_sorted(value, 0))
+
+
 _decode = json.JSONDecoder(object_hook=_untag).decode
 
 
@@ -222,22 +253,19 @@ class JsonCodec:
                 f"the default codec encodes harel_store.Execution, not {type(exe).__qualname__}: "
                 "pass codec= for an execution class of your own"
             )
-        fields = {
-            "id": exe.id,
-            "definition_id": exe.definition_id,
-            "status": exe.status,
-            "outcome": exe.outcome,
-            "active_path": exe.active_path,
-            "history": exe.history,
-            "context": exe.context,
-            "parent_id": exe.parent_id,
-            "child_id": exe.child_id,
-            "children": exe.children,
-        }
+        fields = _fields(exe)
         try:
-            return _encode(_tag_dict(fields))
+            # Tagged in place: the dict is ours, its keys known (what _tag_dict would copy).
+            for name, item in fields.items():
+                kind = type(item)
+                if kind is dict:
+                    if item:
+                        fields[name] = _tag_dict(item)
+                elif kind not in _SCALARS:
+                    fields[name] = _tag_inner(item)
+            return _join(_write(fields, 0))
         except (_Refused, RecursionError):
-            raise _refusal(fields) from None
+            raise _refusal(_fields(exe)) from None
         except ValueError as exc:  # an int too long to write
             raise TypeError(str(exc)) from None
 
@@ -250,7 +278,13 @@ class JsonCodec:
     def encode_value(self, value: Any) -> str:
         """``value`` as JSON text, in its own key order."""
         try:
-            return _encode(_tag(value))
+            # _tag, with the call saved for the common kinds (each value of every commit).
+            kind = type(value)
+            if kind is dict:
+                value = _tag_dict(value)
+            elif kind not in _SCALARS:
+                value = _tag_inner(value)
+            return _join(_write(value, 0))
         except (_Refused, RecursionError):
             raise _refusal(value) from None
         except ValueError as exc:
@@ -264,7 +298,12 @@ class JsonCodec:
     def canonical_value(self, value: Any) -> str:
         """``value`` as JSON text with every dict's keys sorted: equal values, equal text."""
         try:
-            return _encode_sorted(_tag(value))
+            kind = type(value)
+            if kind is dict:
+                value = _tag_dict(value)
+            elif kind not in _SCALARS:
+                value = _tag_inner(value)
+            return _join(_write_sorted(value, 0))
         except (_Refused, RecursionError):
             raise _refusal(value) from None
         except ValueError as exc:
@@ -273,6 +312,28 @@ class JsonCodec:
 
 JSON = JsonCodec()
 """The codec a durable store uses when it is given none."""
+
+
+def _fields(exe: Execution) -> dict[str, Any]:
+    return {
+        "id": exe.id,
+        "definition_id": exe.definition_id,
+        "status": exe.status,
+        "outcome": exe.outcome,
+        "active_path": exe.active_path,
+        "history": exe.history,
+        "context": exe.context,
+        "parent_id": exe.parent_id,
+        "child_id": exe.child_id,
+        "children": exe.children,
+    }
+
+
+def plain_values(codec: Any) -> bool:
+    """Whether ``codec`` encodes values with :class:`JsonCodec`'s own ``encode_value``
+    (the default codec, or a subclass that keeps it), which returns a ``str`` or raises."""
+    method = getattr(codec, "encode_value", None)
+    return getattr(method, "__func__", None) is JsonCodec.encode_value
 
 
 def encode_execution(codec: Any, exe: Any, eid: str) -> str | bytes:

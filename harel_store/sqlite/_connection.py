@@ -203,6 +203,19 @@ def _text(text: Any, what: str, i: int = -1) -> None:
 
 def _texts(eid: str, body: _checks.Body, commit_id: str | None) -> None:
     """:func:`_text` for every id of a commit (:func:`harel_store._checks.commit_keys`)."""
+    # All at once first: ASCII ids that are short together are each short and UTF-8.
+    mark = body.processed_event_id
+    texts = [eid, "" if mark is None else mark, "" if commit_id is None else commit_id]
+    for target, _ in body.emits:
+        if target is not None:
+            texts.append(target)
+    for op in body.timers:
+        texts.append(op[1])
+    for spawn in body.spawns:
+        texts.append(spawn[0])
+    joined = "".join(texts)
+    if len(joined) <= _checks.KEY_BYTES_MAX and joined.isascii():
+        return
     for text, what, i in _checks.commit_keys(eid, body, commit_id):
         if not (text.isascii() and len(text) <= _checks.KEY_BYTES_MAX):  # else plainly fine
             _text(text, what, i)

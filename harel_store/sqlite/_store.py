@@ -100,6 +100,7 @@ class SqliteStore(_transfer.Uncopyable):
         "_conn",
         "_lock",
         "_path",
+        "_plain",
         "_seen_work",
         "_trace_max",
     )
@@ -123,6 +124,7 @@ class SqliteStore(_transfer.Uncopyable):
         self._trace_max = size
         self._codec = codec
         self._canonical = getattr(codec, "canonical_value", None) or codec.encode_value
+        self._plain = _codec.plain_values(codec)
         self._clock = clock
         try:
             conn = sqlite3.connect(
@@ -301,6 +303,33 @@ class SqliteStore(_transfer.Uncopyable):
         # Encode everything before the transaction: a value the codec refuses is a
         # TypeError naming it, and nothing is written.
         blob = self._encode_exe(exe, eid)
+        events, born, step = self._encode_body(eid, body)
+        digest = None if commit_id is None else self._digest(body, commit_id)
+        armed = 0
+        for op in body.timers:
+            if op[0] == "schedule":
+                armed += 1
+
+        return _batch.Prepared(
+            exe, eid, version, blob, epoch, events, body.processed_event_id, body.timers, born,
+            step, commit_id, digest, armed,
+        )  # fmt: skip
+
+    def _encode_body(self, eid: str, body: _checks.Body) -> tuple[list[Any], list[Any], Any]:
+        """The rows of the events and spawns, and the trace step, encoded."""
+        if self._plain:  # JsonCodec's encode_value called as is: it gives a str or raises
+            encode_value = self._codec.encode_value
+            try:
+                return (
+                    [(target, encode_value(event)) for target, event in body.emits],
+                    [
+                        (eid, child_id, encode_value(root_path), encode_value(context))
+                        for child_id, root_path, context in body.spawns
+                    ],
+                    None if body.trace is None else encode_value(body.trace),
+                )
+            except (TypeError, ValueError, OverflowError, RecursionError):
+                pass  # encoded again below, where the error names the value
         encode = self._encode
         events = [
             (target, encode(event, "the event of emits", i))
@@ -316,16 +345,7 @@ class SqliteStore(_transfer.Uncopyable):
             for i, (child_id, root_path, context) in enumerate(body.spawns)
         ]
         step = None if body.trace is None else encode(body.trace, "the trace step")
-        digest = None if commit_id is None else self._digest(body, commit_id)
-        armed = 0
-        for op in body.timers:
-            if op[0] == "schedule":
-                armed += 1
-
-        return _batch.Prepared(
-            exe, eid, version, blob, epoch, events, body.processed_event_id, body.timers, born,
-            step, commit_id, digest, armed,
-        )  # fmt: skip
+        return events, born, step
 
     def commit_many(self, commits: Iterable[Commit]) -> list[StoreError | None]:
         """Each :class:`~harel_store.Commit` as :meth:`commit` applies it, all in one

@@ -205,19 +205,28 @@ def time_pg_floor(floor: PgFloor, exe: Execution, loops: int) -> float:
 
 
 def round_trips(conn: Any, run: Any) -> int:
-    """The statements ``run`` sends on ``conn`` (each one round trip: none is pipelined)."""
+    """The statements ``run`` sends on ``conn``, through ``conn.execute`` or the store's
+    own cursor of the connection (each one round trip: none is pipelined)."""
     sent = [0]
-    real = conn.execute
 
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        sent[0] += 1
-        return real(*args, **kwargs)
+    class Counted:
+        def __init__(self, execute: Any) -> None:
+            self.real = execute
 
-    conn.execute = counted
+        def execute(self, *args: Any, **kwargs: Any) -> Any:
+            sent[0] += 1
+            return self.real(*args, **kwargs)
+
+    cursor = getattr(conn, "harel_store_cursor", None)
+    conn.execute = Counted(conn.execute).execute
+    if cursor is not None:
+        conn.harel_store_cursor = Counted(cursor.execute)
     try:
         run()
     finally:
         del conn.execute
+        if cursor is not None:
+            conn.harel_store_cursor = cursor
     return sent[0]
 
 

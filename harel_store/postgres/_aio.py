@@ -411,7 +411,7 @@ class AsyncPostgresStore(_transfer.Uncopyable):
                 if self._opened:
                     raise _failed(core, "_record_trace", exc) from _cause(core, exc)
                 raise _cannot_open(core, exc) from _cause(core, exc)
-            _adapt(conn)
+            _adapt(conn, lent=False)  # threads may share it
             pool.recorder = conn
         if not self._opened:
             opening = core.open()

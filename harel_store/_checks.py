@@ -363,7 +363,7 @@ def commit_body(
         for i, (child_id, _, _) in enumerate(born):
             if type(child_id) is not str:
                 str_id(child_id, f"spawns[{i}] child_id")
-    return Body(pairs, processed_event_id, ops, born, step)
+    return _new(Body, (pairs, processed_event_id, ops, born, step))
 
 
 # The highest seq or trace index a copy may bring into a memory store: far past any real

@@ -282,6 +282,9 @@ class JsonCodec:
             kind = type(value)
             if kind is dict:
                 value = _tag_dict(value)
+            elif kind is str:  # what the writer does with a str, without its set-up
+                text: str = encode_basestring_ascii(value)
+                return text
             elif kind not in _SCALARS:
                 value = _tag_inner(value)
             return _join(_write(value, 0))

@@ -64,6 +64,7 @@ _CLAIM_ID = (
     " ON CONFLICT DO NOTHING"
 )
 _DELETE_TIMERS = "DELETE FROM timers WHERE (execution_id, path, fire_at) IN (VALUES {})"
+_new = tuple.__new__
 _POLL_FIRST = 0.002  # wait_for_work: the first pause between two looks at the counter,
 _POLL_MAX = 0.02  # doubled up to this one (the latency of a wake-up)
 
@@ -310,10 +311,10 @@ class SqliteStore(_transfer.Uncopyable):
             if op[0] == "schedule":
                 armed += 1
 
-        return _batch.Prepared(
+        return _new(_batch.Prepared, (  # tuple.__new__: the NamedTuple's own __new__ is Python
             exe, eid, version, blob, epoch, events, body.processed_event_id, body.timers, born,
             step, commit_id, digest, armed,
-        )  # fmt: skip
+        ))  # fmt: skip
 
     def _encode_body(self, eid: str, body: _checks.Body) -> tuple[list[Any], list[Any], Any]:
         """The rows of the events and spawns, and the trace step, encoded."""

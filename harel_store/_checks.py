@@ -350,7 +350,7 @@ def commit_body(
         else:
             hashable(processed_event_id, "processed_event_id")
     ops = timer_ops(snapshot(timers, "timers"))
-    born = tuple([(s.child_id, s.root_path, s.context) for s in spawn_entries(spawns, None, 0)])
+    born = tuple([entry[2:] for entry in spawn_entries(spawns, None, 0)])  # (child, root, context)
     step = None if trace is None else trace_step(trace, "trace")
     if str_ids:
         # Only an id that is not a str is named: a message made for each would cost more.

@@ -77,6 +77,42 @@ def test_the_trace_ring_is_trimmed_across_batches(tmp_path: Path) -> None:
     assert store.stats()["trace_steps"] == 9
 
 
+def test_rings_in_every_state_end_as_single_commits_leave_them(tmp_path: Path) -> None:
+    # The batch takes a ring's last index with its execution's row and trims by it alone:
+    # rings full, partly full, empty, of an execution with no row yet, across trace_max
+    # changes, must end as the single commit (which reads both ends) leaves them.
+    def run(store: SqliteStore, batched: bool) -> dict[str, list[Any]]:
+        store.trace_max = 4
+        exes = {name: Execution(id=name) for name in ("full", "part", "none", "new", "pre")}
+        for name in ("full", "part", "none"):
+            store.commit(exes[name], [])
+        for k in range(6):
+            store.append_trace("full", {"pre": k})
+        store.append_trace("part", {"pre": 0})
+        store.append_trace("pre", {"pre": 0})  # a ring before its execution's first commit
+        for round, keep in enumerate((4, 2, 5, 0, 3, None)):
+            store.trace_max = keep
+            commits = [Commit(e, [], trace={"r": round, "e": e.id}) for e in exes.values()]
+            if batched:
+                assert store.commit_many(commits) == [None] * len(commits)
+            else:
+                for c in commits:
+                    store.commit(c.exe, [], trace=c.trace)
+        return {name: store.read_trace(name) for name in exes}
+
+    assert run(opened(tmp_path / "b.db"), True) == run(opened(tmp_path / "s.db"), False)
+
+
+def test_a_batch_reads_rings_with_the_executions(tmp_path: Path) -> None:
+    store = opened(tmp_path / "t.db", trace_max=2)
+    exes = [Execution(id=f"e{i}") for i in range(3)]
+    store.commit_many([Commit(e, [], trace={"s": 0}) for e in exes])
+    seen = Statements(store)
+    store.commit_many([Commit(e, [], trace={"s": 1}) for e in exes])
+    assert seen.count("SELECT") == 1  # the executions, with their rings' last index
+    assert [s["s"] for s in store.read_trace("e0")] == [0, 1]
+
+
 def test_timer_ops_end_as_their_last_op_left_them(tmp_path: Path) -> None:
     store = opened(tmp_path / "t.db")
     a, b = Execution(id="a"), Execution(id="b")

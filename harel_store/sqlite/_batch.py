@@ -17,6 +17,12 @@ from .._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreErro
 
 _VARIABLES = 999  # SQLite's lowest limit on bound variables per statement (before 3.32)
 _RANGES = 100  # ranges OR'ed per DELETE: far below SQLite's expression depth limit (1000)
+# Each execution with the last index of its trace ring (found at the end of its key), read
+# with the row that decides the commit rather than by a statement of its own.
+_READ = (
+    "SELECT id, version, epoch, (SELECT max(idx) FROM trace WHERE execution_id = id)"
+    " FROM executions WHERE id IN ({})"
+)
 
 
 class Prepared(NamedTuple):
@@ -83,10 +89,7 @@ def write(
     the version each produced."""
     ids = [p.eid for p in batch]
     rows = {
-        eid: (version, epoch)
-        for eid, version, epoch in _select_in(
-            conn, "SELECT id, version, epoch FROM executions WHERE id IN ({})", ids
-        )
+        eid: (version, epoch, last) for eid, version, epoch, last in _select_in(conn, _READ, ids)
     }
     keyed = [(p.eid, p.commit_id) for p in batch if p.digest is not None]
     done: dict[tuple[str, str], tuple[bytes, int]] = {}
@@ -126,11 +129,16 @@ def write(
         outcomes.append(None)
         applied.append(p)
     if applied:
-        _apply(conn, applied, trace_max)
+        _apply(conn, applied, trace_max, {eid: row[2] for eid, row in rows.items()})
     return outcomes, applied, replays
 
 
-def _apply(conn: sqlite3.Connection, applied: list[Prepared], trace_max: int | None) -> None:
+def _apply(
+    conn: sqlite3.Connection,
+    applied: list[Prepared],
+    trace_max: int | None,
+    lasts: dict[str, int | None],
+) -> None:
     _insert(
         conn,
         "INSERT INTO executions (id, version, epoch, body)",
@@ -175,7 +183,7 @@ def _apply(conn: sqlite3.Connection, applied: list[Prepared], trace_max: int | N
     )
     stepped = [p for p in applied if p.step is not None]
     if stepped:
-        _push_steps(conn, stepped, trace_max)
+        _push_steps(conn, stepped, trace_max, lasts)
     _insert(
         conn,
         "INSERT INTO commit_ids (execution_id, commit_id, digest, version)",
@@ -185,45 +193,51 @@ def _apply(conn: sqlite3.Connection, applied: list[Prepared], trace_max: int | N
         conn.execute("UPDATE work SET n = n + ?", (len(armed) or 1,))
 
 
-def _push_steps(conn: sqlite3.Connection, stepped: list[Prepared], keep: int | None) -> None:
+def _push_steps(
+    conn: sqlite3.Connection,
+    stepped: list[Prepared],
+    keep: int | None,
+    lasts: dict[str, int | None],
+) -> None:
     """Append one step to the ring of each execution and trim each ring to ``keep``,
-    deleting only the overflow (the oldest steps, by the ring's index)."""
-    ids = [p.eid for p in stepped]
-    rings: dict[str, tuple[int, int]] = {}  # a ring's first and last index
-    for chunk in _chunks(ids, 1):
-        rows = conn.execute(
-            "SELECT e.column1, (SELECT min(idx) FROM trace WHERE execution_id = e.column1),"
-            " (SELECT max(idx) FROM trace WHERE execution_id = e.column1) FROM (VALUES "
-            + ", ".join(["(?)"] * len(chunk))
-            + ") AS e",
-            chunk,
-        )
-        rings.update((eid, (first, last)) for eid, first, last in rows if last is not None)
+    deleting only the overflow (the oldest steps, by the ring's index). ``lasts`` holds
+    the last index of the ring of every execution that has a row (``None``: no step)."""
+    unknown = [p.eid for p in stepped if p.eid not in lasts]  # no row yet: a new execution
+    if unknown:
+        lasts = dict(lasts)
+        for chunk in _chunks(unknown, 1):
+            lasts.update(
+                conn.execute(
+                    "SELECT e.column1, (SELECT max(idx) FROM trace WHERE execution_id = e.column1)"
+                    " FROM (VALUES " + ", ".join(["(?)"] * len(chunk)) + ") AS e",
+                    chunk,
+                )
+            )
     empty = {  # a ring with no step: one copied in empty, or none yet (next index 0)
         eid: index
         for eid, index in _select_in(
             conn,
             "SELECT execution_id, next_index FROM trace_index WHERE execution_id IN ({})",
-            [eid for eid in ids if eid not in rings],
+            [p.eid for p in stepped if lasts[p.eid] is None],
         )
     }
     steps_rows = []
     overflow = []
     new_rings = []
     for p in stepped:
-        ring = rings.get(p.eid)
-        if ring is not None:  # its indexes are consecutive
-            first, index = ring[0], ring[1] + 1
+        last = lasts[p.eid]
+        if last is not None:  # its indexes are consecutive: the overflow is a range
+            index = last + 1
+            if keep and index >= keep:
+                overflow.append((p.eid, index - keep))
         else:
             if p.eid not in empty:
                 new_rings.append((p.eid, 0))
-            first = index = empty.get(p.eid, 0)
+            index = empty.get(p.eid, 0)
         steps_rows.append((p.eid, index, p.step))
-        if keep and index - first >= keep:
-            overflow.append((p.eid, index - keep))
     _insert(conn, "INSERT INTO trace_index (execution_id, next_index)", new_rings)
     _insert(conn, "INSERT INTO trace (execution_id, idx, step)", steps_rows)
-    for start in range(0, len(overflow), _RANGES):  # a ring's indexes are consecutive: a range
+    for start in range(0, len(overflow), _RANGES):
         chunk = overflow[start : start + _RANGES]
         conn.execute(
             "DELETE FROM trace WHERE "

@@ -81,7 +81,7 @@ def test_rings_in_every_state_end_as_single_commits_leave_them(tmp_path: Path) -
     # The batch takes a ring's last index with its execution's row and trims by it alone:
     # rings full, partly full, empty, of an execution with no row yet, across trace_max
     # changes, must end as the single commit (which reads both ends) leaves them.
-    def run(store: SqliteStore, batched: bool) -> dict[str, list[Any]]:
+    def run(store: SqliteStore, batched: bool) -> list[dict[str, list[Any]]]:
         store.trace_max = 4
         exes = {name: Execution(id=name) for name in ("full", "part", "none", "new", "pre")}
         for name in ("full", "part", "none"):
@@ -90,15 +90,18 @@ def test_rings_in_every_state_end_as_single_commits_leave_them(tmp_path: Path) -
             store.append_trace("full", {"pre": k})
         store.append_trace("part", {"pre": 0})
         store.append_trace("pre", {"pre": 0})  # a ring before its execution's first commit
-        for round, keep in enumerate((4, 2, 5, 0, 3, None)):
+        states = []
+        for round, keep in enumerate((4, 2, 2, 2, 5, 0, 3, 3, None)):
             store.trace_max = keep
-            commits = [Commit(e, [], trace={"r": round, "e": e.id}) for e in exes.values()]
+            step = None if round == 4 else {"r": round}  # a batch with no step at all
+            commits = [Commit(e, [], trace=step) for e in exes.values()]
             if batched:
                 assert store.commit_many(commits) == [None] * len(commits)
             else:
                 for c in commits:
                     store.commit(c.exe, [], trace=c.trace)
-        return {name: store.read_trace(name) for name in exes}
+            states.append({name: store.read_trace(name) for name in exes})
+        return states
 
     assert run(opened(tmp_path / "b.db"), True) == run(opened(tmp_path / "s.db"), False)
 

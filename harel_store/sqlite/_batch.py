@@ -23,6 +23,7 @@ _READ = (
     "SELECT id, version, epoch, (SELECT max(idx) FROM trace WHERE execution_id = id)"
     " FROM executions WHERE id IN ({})"
 )
+_READ_NO_STEP = "SELECT id, version, epoch, NULL FROM executions WHERE id IN ({})"
 
 
 class Prepared(NamedTuple):
@@ -88,8 +89,9 @@ def write(
     commits applied (whose versions the caller sets once it commits) and the replays with
     the version each produced."""
     ids = [p.eid for p in batch]
+    read = _READ if any(p.step is not None for p in batch) else _READ_NO_STEP
     rows = {
-        eid: (version, epoch, last) for eid, version, epoch, last in _select_in(conn, _READ, ids)
+        eid: (version, epoch, last) for eid, version, epoch, last in _select_in(conn, read, ids)
     }
     keyed = [(p.eid, p.commit_id) for p in batch if p.digest is not None]
     done: dict[tuple[str, str], tuple[bytes, int]] = {}

@@ -9,6 +9,7 @@ import dataclasses
 import hashlib
 import json
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +139,7 @@ def test_which_codecs_take_the_direct_path() -> None:
 
 
 def _rows(path: Path) -> list[Any]:
-    with sqlite3.connect(path) as conn:
+    with closing(sqlite3.connect(path)) as conn:  # a connection's own `with` leaves it open
         return [
             conn.execute("SELECT target_id, event FROM outbox ORDER BY seq").fetchall(),
             conn.execute("SELECT root_path, context FROM spawns ORDER BY seq").fetchall(),

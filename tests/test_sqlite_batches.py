@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from harel_store import Commit, Execution, StoreConflict, TimerOp
+from harel_store import Commit, Execution, StoreConflict, StoreError, TimerOp
 from harel_store.sqlite import AsyncSqliteStore, SqliteStore
 
 _OPENED: list[SqliteStore] = []
@@ -152,6 +152,33 @@ def test_a_batch_that_fails_in_the_database_writes_nothing(tmp_path: Path) -> No
         store.commit_many(batch)
     assert [e.version for e in exes] == [0, 0, 0]
     assert store.stats()["executions"] == 0 and store.pending_outbox() == []
+
+
+def test_a_statement_that_fails_after_some_of_its_rows_takes_the_batch_back(
+    tmp_path: Path,
+) -> None:
+    # The batch's inserts are OR FAIL (no statement journal): the rows a failing statement
+    # already wrote go with the ROLLBACK of the whole transaction, not on their own.
+    store = opened(tmp_path / "g.db", trace_max=2)
+    exes = [Execution(id=f"e{i}") for i in range(3)]
+    for exe in exes:
+        store.commit(exe, [("x", 0)], trace={"n": 0})
+    before = store.stats(), [store.read_trace(e.id) for e in exes], store.pending_outbox()
+    store._conn.execute(  # type: ignore[union-attr]
+        "CREATE TRIGGER no_e2 BEFORE INSERT ON trace WHEN NEW.execution_id = 'e2'"
+        " BEGIN SELECT RAISE(FAIL, 'no'); END"
+    )
+    batch = [Commit(e, [("x", 1)], "m1", trace={"n": 1}) for e in exes]
+    with pytest.raises(StoreError, match="nothing was written"):
+        store.commit_many(batch)
+    assert [e.version for e in exes] == [1, 1, 1]
+    assert (store.stats(), [store.read_trace(e.id) for e in exes], store.pending_outbox()) == (
+        before
+    )
+    assert not any(store.is_processed(e.id, "m1") for e in exes)
+    store._conn.execute("DROP TRIGGER no_e2")  # type: ignore[union-attr]
+    assert store.commit_many(batch) == [None, None, None]
+    assert [[step["n"] for step in store.read_trace(e.id)] for e in exes] == [[0, 1]] * 3
 
 
 def test_batch_acks_are_one_transaction_each(tmp_path: Path) -> None:

@@ -15,6 +15,10 @@ from typing import Any, NamedTuple
 
 from .._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError
 
+# OR FAIL: a statement that fails keeps the rows it wrote, where the default (ABORT) takes
+# them back, which needs a statement journal holding every page the statement changes,
+# spilled to a temporary file past 64 KiB: a multi-row insert into 100 rings wrote 100
+# pages there. Nothing here outlives a failure: the whole transaction is rolled back.
 _VARIABLES = 999  # SQLite's lowest limit on bound variables per statement (before 3.32)
 _RANGES = 100  # ranges OR'ed per DELETE: far below SQLite's expression depth limit (1000)
 # Each execution with the last index of its trace ring (found at the end of its key), read
@@ -143,12 +147,16 @@ def _apply(
 ) -> None:
     _insert(
         conn,
-        "INSERT INTO executions (id, version, epoch, body)",
+        "INSERT OR FAIL INTO executions (id, version, epoch, body)",
         [(p.eid, p.version + 1, p.epoch, p.blob) for p in applied],
         " ON CONFLICT (id) DO UPDATE SET version = excluded.version, body = excluded.body,"
         " epoch = coalesce(excluded.epoch, executions.epoch)",
     )
-    _insert(conn, "INSERT INTO outbox (target_id, event)", [e for p in applied for e in p.events])
+    _insert(
+        conn,
+        "INSERT OR FAIL INTO outbox (target_id, event)",
+        [e for p in applied for e in p.events],
+    )
     _insert(
         conn,
         "INSERT OR IGNORE INTO processed (execution_id, event_id)",
@@ -180,7 +188,7 @@ def _apply(
         )
     _insert(
         conn,
-        "INSERT INTO spawns (parent_id, child_id, root_path, context)",
+        "INSERT OR FAIL INTO spawns (parent_id, child_id, root_path, context)",
         [b for p in applied for b in p.born],
     )
     stepped = [p for p in applied if p.step is not None]
@@ -188,7 +196,7 @@ def _apply(
         _push_steps(conn, stepped, trace_max, lasts)
     _insert(
         conn,
-        "INSERT INTO commit_ids (execution_id, commit_id, digest, version)",
+        "INSERT OR FAIL INTO commit_ids (execution_id, commit_id, digest, version)",
         [(p.eid, p.commit_id, p.digest, p.version + 1) for p in applied if p.digest is not None],
     )
     if armed or any(p.events or p.born for p in applied):
@@ -237,8 +245,8 @@ def _push_steps(
                 new_rings.append((p.eid, 0))
             index = empty.get(p.eid, 0)
         steps_rows.append((p.eid, index, p.step))
-    _insert(conn, "INSERT INTO trace_index (execution_id, next_index)", new_rings)
-    _insert(conn, "INSERT INTO trace (execution_id, idx, step)", steps_rows)
+    _insert(conn, "INSERT OR FAIL INTO trace_index (execution_id, next_index)", new_rings)
+    _insert(conn, "INSERT OR FAIL INTO trace (execution_id, idx, step)", steps_rows)
     for start in range(0, len(overflow), _RANGES):
         chunk = overflow[start : start + _RANGES]
         conn.execute(

@@ -271,6 +271,10 @@ def _prepare_once(conn: sqlite3.Connection, path: str, synchronous: str) -> None
     if path != _MEMORY:
         conn.execute("PRAGMA journal_mode = WAL").fetchone()
     conn.execute(f"PRAGMA synchronous = {synchronous}")
+    # The statement journal of an upsert (timers) in memory: past 64 KiB SQLite spills it
+    # to a temporary file, page by page. The store's other temporary structures are small
+    # (the IN lists of a batch); its ORDER BYs follow indexes.
+    conn.execute("PRAGMA temp_store = MEMORY")
     if version == SCHEMA_VERSION:
         return
     conn.execute("BEGIN IMMEDIATE")

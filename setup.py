@@ -49,6 +49,11 @@ def _fallback(reason: str) -> None:
 class OptionalBuildExt(build_ext):
     """Compile the store, or fall back to the pure install loudly (or fail, if required)."""
 
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        if self.parallel is None:  # the modules compile independently: one per core
+            self.parallel = os.cpu_count() or 1
+
     def run(self) -> None:
         self.failed_extensions: list[str] = []
         try:
@@ -105,9 +110,27 @@ def _extensions() -> list[Extension]:
     if TRACE:
         macros += [("CYTHON_TRACE", "1"), ("CYTHON_TRACE_NOGIL", "1")]
     ext = Extension("harel_store._store_c", ["harel_store/_store_c.pyx"], define_macros=macros)
+    # The durable stores' hot modules, compiled from their own .py with Python's semantics
+    # whole: annotations stay hints (Cython would otherwise enforce them, refusing a None
+    # or a subclass where the pure module takes it), indexing stays checked, functions
+    # introspect as Python's do (binding).
+    sources = [
+        Extension(name, [name.replace(".", "/") + ".py"], define_macros=macros)
+        for name in ENV.COMPILED_SOURCES
+    ]
+    as_python = {
+        "language_level": 3,
+        "annotation_typing": False,
+        "binding": True,
+        "auto_pickle": False,
+        "linetrace": TRACE,
+        "profile": TRACE,
+    }
     try:
         # force: the generated C depends on HAREL_STORE_CYTHON_TRACE, which timestamps miss
-        return cythonize([ext], compiler_directives=directives, quiet=True, force=True)
+        return cythonize(
+            [ext], compiler_directives=directives, quiet=True, force=True
+        ) + cythonize(sources, compiler_directives=as_python, quiet=True, force=True)
     except Exception as exc:  # noqa: BLE001
         _fallback(f"cythonize failed: {type(exc).__name__}: {exc}")
         return []

@@ -1,5 +1,10 @@
 """harel_store: the execution store of a Harel-statechart workflow engine."""
 
+from . import _env
+
+if _env.switches()[0]:  # before any module that a build compiles from its source
+    _env.prefer_sources()
+
 from ._aio import AsyncDictStore
 from ._copy import copy_store
 from ._errors import IdempotencyConflict, StaleWriter, StoreConflict, StoreError

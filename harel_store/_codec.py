@@ -36,6 +36,11 @@ _FIELDS = (
     "children",
 )
 _ACCEPTS = "None, bool, int, float, str, list, tuple and dict with str keys"
+# How deep a value may nest, counted by the walks themselves: a build compiles this module,
+# and a compiled call nests in C, where no recursion limit stops a value that contains
+# itself before the stack ends. json's writer and reader stop near the interpreter's
+# recursion limit (1000 by default) anyway, and a tagged tuple is two levels of JSON.
+DEPTH_MAX = 400
 
 
 @runtime_checkable
@@ -86,37 +91,43 @@ class _Refused(Exception):
     """Raised inside the tagging walk; turned into a ``TypeError`` with a location."""
 
 
-def _tag(value: Any) -> Any:
+def _tag(value: Any, depth: int = 0) -> Any:
     """``value`` in the form ``json`` writes as intended: the very object when nothing in
     it needs a tag (the common case, no copy), else a copy with tuples tagged."""
     kind = type(value)
     if kind in _SCALARS:
         return value
     if kind is dict:
-        return _tag_dict(value)
+        return _tag_dict(value, depth)
     if kind is list:
-        return _tag_items(value)
+        return _tag_items(value, depth)
     if kind is tuple:
-        return {_TUPLE: _tag_items(value)}
+        return {_TUPLE: _tag_items(value, depth)}
     raise _Refused
 
 
-def _tag_items(items: Any) -> Any:
+def _tag_items(items: Any, depth: int) -> Any:
+    if depth >= DEPTH_MAX:
+        raise _Refused
+    depth += 1
     for i, item in enumerate(items):
         if type(item) not in _SCALARS:
-            tagged = _tag_inner(item)
+            tagged = _tag_inner(item, depth)
             if tagged is not item:
                 out = list(items[:i])
                 out.append(tagged)
                 for item in items[i + 1 :]:
-                    out.append(item if type(item) in _SCALARS else _tag_inner(item))
+                    out.append(item if type(item) in _SCALARS else _tag_inner(item, depth))
                 return out
     return items
 
 
-def _tag_dict(value: dict[Any, Any]) -> Any:
+def _tag_dict(value: dict[Any, Any], depth: int) -> Any:
+    if depth >= DEPTH_MAX:
+        raise _Refused
+    depth += 1
     if len(value) == 1 and (_TUPLE in value or _DICT in value):
-        return {_DICT: [[key, _tag(item)] for key, item in value.items()]}
+        return {_DICT: [[key, _tag(item, depth)] for key, item in value.items()]}
     out = None
     for key, item in value.items():
         if type(key) is not str:
@@ -124,11 +135,11 @@ def _tag_dict(value: dict[Any, Any]) -> Any:
         kind = type(item)
         if kind not in _SCALARS:  # _tag_inner, inlined: most values are dicts of scalars
             if kind is dict:
-                tagged = _tag_dict(item)
+                tagged = _tag_dict(item, depth)
             elif kind is tuple:
-                tagged = {_TUPLE: _tag_items(item)}
+                tagged = {_TUPLE: _tag_items(item, depth)}
             elif kind is list:
-                tagged = _tag_items(item)
+                tagged = _tag_items(item, depth)
             else:
                 raise _Refused
             if tagged is not item:
@@ -138,15 +149,15 @@ def _tag_dict(value: dict[Any, Any]) -> Any:
     return value if out is None else out
 
 
-def _tag_inner(value: Any) -> Any:
+def _tag_inner(value: Any, depth: int) -> Any:
     """:func:`_tag` of a value known not to be a scalar."""
     kind = type(value)
     if kind is dict:
-        return _tag_dict(value)
+        return _tag_dict(value, depth)
     if kind is tuple:
-        return {_TUPLE: _tag_items(value)}
+        return {_TUPLE: _tag_items(value, depth)}
     if kind is list:
-        return _tag_items(value)
+        return _tag_items(value, depth)
     raise _Refused
 
 
@@ -159,22 +170,23 @@ def _untag(obj: dict[str, Any]) -> Any:
     return obj
 
 
-def _locate(value: Any, where: str = "") -> str:
-    """Where in ``value`` the first thing JSON cannot hold is, and what it is."""
+def _locate(value: Any, where: str = "", depth: int = 0) -> str:
+    """Where in ``value`` the first thing JSON cannot hold is, and what it is (``""``:
+    nothing, or deeper than :data:`DEPTH_MAX`)."""
     kind = type(value)
-    if kind in _SCALARS:
+    if kind in _SCALARS or depth >= DEPTH_MAX:
         return ""
     if kind is dict:
         for key, item in value.items():
             if type(key) is not str:
                 return f"a dict key {shown(key)} ({type(key).__name__}) at {where or 'the top'}"
-            found = _locate(item, f"{where}[{key!r}]")
+            found = _locate(item, f"{where}[{key!r}]", depth + 1)
             if found:
                 return found
         return ""
     if kind is list or kind is tuple:
         for i, item in enumerate(value):
-            found = _locate(item, f"{where}[{i}]")
+            found = _locate(item, f"{where}[{i}]", depth + 1)
             if found:
                 return found
         return ""
@@ -186,7 +198,7 @@ def _refusal(value: Any) -> TypeError:
         found = _locate(value)
     except RecursionError:
         found = ""
-    if not found:
+    if not found:  # (a value deeper than DEPTH_MAX has nothing refused above that depth)
         return TypeError("nested too deeply for JSON, or it contains itself")
     return TypeError(f"{found} is not a JSON value ({_ACCEPTS}); pass codec= for other types")
 
@@ -260,9 +272,9 @@ class JsonCodec:
                 kind = type(item)
                 if kind is dict:
                     if item:
-                        fields[name] = _tag_dict(item)
+                        fields[name] = _tag_dict(item, 1)
                 elif kind not in _SCALARS:
-                    fields[name] = _tag_inner(item)
+                    fields[name] = _tag_inner(item, 1)
             return _join(_write(fields, 0))
         except (_Refused, RecursionError):
             raise _refusal(_fields(exe)) from None
@@ -281,12 +293,12 @@ class JsonCodec:
             # _tag, with the call saved for the common kinds (each value of every commit).
             kind = type(value)
             if kind is dict:
-                value = _tag_dict(value)
+                value = _tag_dict(value, 0)
             elif kind is str:  # what the writer does with a str, without its set-up
                 text: str = encode_basestring_ascii(value)
                 return text
             elif kind not in _SCALARS:
-                value = _tag_inner(value)
+                value = _tag_inner(value, 0)
             return _join(_write(value, 0))
         except (_Refused, RecursionError):
             raise _refusal(value) from None
@@ -303,9 +315,9 @@ class JsonCodec:
         try:
             kind = type(value)
             if kind is dict:
-                value = _tag_dict(value)
+                value = _tag_dict(value, 0)
             elif kind not in _SCALARS:
-                value = _tag_inner(value)
+                value = _tag_inner(value, 0)
             return _join(_write_sorted(value, 0))
         except (_Refused, RecursionError):
             raise _refusal(value) from None

@@ -563,7 +563,7 @@ class OrjsonCodec(JsonCodec):
     __slots__ = ()
 
     def encode_execution(self, exe: Any) -> bytes:
-        return orjson_dumps(_codec._tag_dict(exe_fields(exe)))
+        return orjson_dumps(_codec._tag_dict(exe_fields(exe), 0))
 
     def decode_execution(self, data: str | bytes) -> Execution:
         fields = self.decode_value(data)

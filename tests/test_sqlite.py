@@ -47,6 +47,7 @@ from harel_store import (
     _codec,
 )
 from harel_store._checks import KEY_BYTES_MAX
+from harel_store._codec import DEPTH_MAX
 from harel_store.sqlite import (
     JSON,
     MIGRATIONS,
@@ -222,6 +223,34 @@ def test_cycles_and_depth_are_type_errors() -> None:
     for value in (loop, {"a": loop}, deep):
         with pytest.raises(TypeError, match="nested too deeply"):
             JSON.encode_value(value)
+
+
+def nested(depth: int, kind: Any) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = kind(value)
+    return value
+
+
+@pytest.mark.parametrize(
+    "kind", [lambda v: [v], lambda v: (v,), lambda v: {"k": v}], ids=["list", "tuple", "dict"]
+)
+def test_the_codec_takes_values_nested_to_its_depth_and_refuses_deeper(kind: Any) -> None:
+    # The walk counts levels itself: a compiled codec nests in C, past any recursion limit.
+    deepest = nested(DEPTH_MAX, kind)
+    assert JSON.decode_value(JSON.encode_value(deepest)) == deepest
+    with pytest.raises(TypeError, match="nested too deeply"):
+        JSON.encode_value(nested(DEPTH_MAX + 1, kind))
+    with pytest.raises(TypeError, match="nested too deeply"):
+        JSON.encode_execution(Execution(id="e1", context={"v": nested(DEPTH_MAX, kind)}))
+
+
+def test_an_execution_that_contains_itself_is_a_type_error() -> None:
+    exe = Execution(id="e1")
+    exe.context["me"] = exe.context
+    exe.history["loop"] = [exe.history]
+    with pytest.raises(TypeError, match="nested too deeply"):
+        JSON.encode_execution(exe)
 
 
 def test_the_json_codec_encodes_only_its_execution_class() -> None:

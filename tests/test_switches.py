@@ -13,7 +13,13 @@ from types import ModuleType
 import pytest
 
 import harel_store
-from harel_store._env import NO_EXTENSIONS, REQUIRE_EXTENSIONS, is_truthy, switches
+from harel_store._env import (
+    COMPILED_SOURCES,
+    NO_EXTENSIONS,
+    REQUIRE_EXTENSIONS,
+    is_truthy,
+    switches,
+)
 
 TESTS = Path(__file__).resolve().parent
 PACKAGE_ROOT = Path(harel_store.__file__).resolve().parent.parent
@@ -125,6 +131,48 @@ def test_a_normal_import_chooses_the_compiled_store(
 @pytest.mark.compiled
 def test_require_extensions_with_the_extension_built(compiled_module: ModuleType) -> None:
     assert implementation({REQUIRE_EXTENSIONS: "1"}) == "compiled"
+
+
+# Where each module that a build compiles from its own source was loaded from.
+PRINT_SOURCES = (
+    "import importlib, harel_store._env as env\n"
+    "for name in env.COMPILED_SOURCES:\n"
+    "    print(importlib.import_module(name).__file__)\n"
+)
+
+
+def loaded_from(switch_values: dict[str, str]) -> list[str]:
+    done = python(PRINT_SOURCES, switch_values)
+    assert done.returncode == 0, done.stderr
+    files = done.stdout.split()
+    assert len(files) == len(COMPILED_SOURCES)
+    return files
+
+
+def test_no_extensions_loads_the_compiled_sources_as_python() -> None:
+    files = loaded_from({NO_EXTENSIONS: "1"})
+    assert all(f.endswith(".py") for f in files), files
+    for name, file in zip(COMPILED_SOURCES, files):
+        assert Path(file).resolve() == PACKAGE_ROOT / (name.replace(".", "/") + ".py")
+
+
+@pytest.mark.compiled
+def test_a_normal_import_loads_the_compiled_sources_compiled(compiled_module: ModuleType) -> None:
+    from importlib.machinery import EXTENSION_SUFFIXES
+
+    files = loaded_from({REQUIRE_EXTENSIONS: "1"})
+    assert all(f.endswith(tuple(EXTENSION_SUFFIXES)) for f in files), files
+
+
+def test_this_session_loads_the_sources_the_switches_ask_for() -> None:
+    import importlib
+
+    files = [importlib.import_module(name).__file__ or "" for name in COMPILED_SOURCES]
+    no_ext, require = switches()
+    if no_ext:
+        assert all(f.endswith(".py") for f in files), files
+    if require:
+        assert not any(f.endswith(".py") for f in files), files
 
 
 def test_an_extension_that_cannot_load_falls_back_to_pure() -> None:

@@ -89,6 +89,13 @@ if impl == "compiled" and not cython[:1].isdigit():
     problems.append(f"cython {cython!r}: expected the version the store was built with")
 if impl == "pure" and not cython.startswith("not used"):
     problems.append(f"cython {cython!r} for the pure store")
+import importlib
+from importlib.machinery import EXTENSION_SUFFIXES
+from harel_store._env import COMPILED_SOURCES
+for name in COMPILED_SOURCES:
+    file = importlib.import_module(name).__file__ or ""
+    if (impl == "compiled") != file.endswith(tuple(EXTENSION_SUFFIXES)) or not file.startswith(site):
+        problems.append(f"{name} loaded from {file!r} in a {impl} install")
 for problem in problems:
     print(f"  PROBLEM: {problem}", file=sys.stderr)
 sys.exit(1 if problems else 0)
@@ -174,7 +181,7 @@ grep -A4 "WARNING: harel_store's compiled store could not be built" "$work/sdist
 grep -q "Installing the PURE-PYTHON store instead" "$work/sdist.log" || die "no PURE-PYTHON line"
 grep -q "/bin/false" "$work/sdist.log" || die "the build never ran the (missing) compiler"
 expect_installed "$venv" pure
-if find "$venv" -path '*/harel_store/_store_c*' | grep .; then
+if find "$venv" -path '*/harel_store/*' \( -name '*.so' -o -name '*.pyd' \) | grep .; then
     die "a compiled store was installed without a compiler"
 fi
 rm -rf "$venv"

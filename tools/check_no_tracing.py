@@ -3,10 +3,12 @@
     python tools/check_no_tracing.py [--under DIR]
 
 A release build never sets ``HAREL_STORE_CYTHON_TRACE``: the hooks halve the speed. This
-runs a few store calls under ``sys.settrace`` and, where the interpreter has it (3.12+),
-``sys.monitoring``, which is what Cython's tracing reports to on 3.13; a traced build shows
-events in ``_store_c.pyx``, a release build none. ``--under DIR`` also checks that the
-compiled module was imported from below DIR (an installed wheel, not a checkout).
+runs a few store calls, of the memory store and of a SQLite store, under ``sys.settrace``
+and, where the interpreter has it (3.12+), ``sys.monitoring``, which is what Cython's
+tracing reports to on 3.13; a traced build shows events in ``_store_c.pyx`` or in the
+sources of ``harel_store._env.COMPILED_SOURCES`` (so does one of them loaded as Python), a
+release build none. ``--under DIR`` also checks that every compiled module was imported
+from below DIR (an installed wheel, not a checkout).
 Standard library and harel_store only.
 """
 
@@ -21,9 +23,25 @@ from typing import Any
 PYX = "_store_c.pyx"
 
 
-def exercise(store_type: Any) -> None:
-    from harel_store import Execution, TimerOp
+def sources() -> tuple[str, ...]:
+    from harel_store._env import COMPILED_SOURCES
 
+    return tuple(name.replace(".", "/") + ".py" for name in COMPILED_SOURCES)
+
+
+def watched(filename: str) -> bool:
+    return filename.replace("\\", "/").endswith((PYX, *sources()))
+
+
+def exercise(store_type: Any) -> None:
+    from harel_store import Commit, Execution, TimerOp
+    from harel_store.sqlite import SqliteStore
+
+    with SqliteStore(":memory:", trace_max=2) as durable:
+        exe = Execution(id="d1", context={"path": ("a", "b")})
+        durable.commit(exe, [("d2", {"n": 0})], "ev0", trace={"step": 0})
+        durable.commit_many([Commit(exe, [("d2", {"n": 1})], "ev1", trace={"step": 1})])
+        durable.read_trace("d1")
     store = store_type(trace_max=2)
     exe = Execution(id="e1", definition_id="probe")
     store.save(exe)
@@ -50,7 +68,7 @@ def settrace_events(store_type: Any) -> list[str]:
     events: list[str] = []
 
     def tracer(frame: Any, event: str, arg: Any) -> Any:
-        if frame.f_code.co_filename.endswith(PYX):
+        if watched(frame.f_code.co_filename):
             events.append(event)
         return tracer
 
@@ -78,7 +96,7 @@ def monitoring_events(store_type: Any) -> list[str]:
 
     def recorder(name: str) -> Any:
         def callback(code: Any, *args: Any) -> None:
-            if code.co_filename.endswith(PYX):
+            if watched(code.co_filename):
                 events.append(name)
 
         return callback
@@ -105,13 +123,21 @@ def main() -> int:
     args = parser.parse_args()
     module = importlib.import_module("harel_store._store_c")
     where = Path(module.__file__ or "?").resolve()
-    if args.under is not None and args.under.resolve() not in where.parents:
-        print(f"FAIL: the compiled store loaded from {where}, not from below {args.under}")
-        return 1
+    if args.under is not None:
+        from harel_store._env import COMPILED_SOURCES
+
+        for name in ("harel_store._store_c", *COMPILED_SOURCES):
+            path = Path(importlib.import_module(name).__file__ or "?").resolve()
+            if args.under.resolve() not in path.parents:
+                print(f"FAIL: {name} loaded from {path}, not from below {args.under}")
+                return 1
     found = settrace_events(module.DictStore) + monitoring_events(module.DictStore)
     if found:
         kinds = ", ".join(sorted(set(found)))
-        print(f"FAIL: {where.name} was built with line tracing ({len(found)} {kinds} events)")
+        print(
+            f"FAIL: {where.name} or a module of COMPILED_SOURCES was built with line tracing,"
+            f" or runs as Python ({len(found)} {kinds} events)"
+        )
         return 1
     print(f"no line tracing: {where.name}, Cython {getattr(module, '__cython_version__', '?')}")
     return 0

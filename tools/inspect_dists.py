@@ -104,6 +104,17 @@ SOURCE_DIRS = ("harel_store", "tests", "perf")
 problems: list[str] = []
 
 
+def compiled() -> tuple[str, ...]:
+    """The modules a build compiles from their own source (``harel_store/_env.py``, read
+    from the checkout that holds this script)."""
+    env = Path(__file__).resolve().parent.parent / "harel_store" / "_env.py"
+    match = re.search(r"^COMPILED_SOURCES = \(([^)]*)\)", env.read_text(), re.MULTILINE)
+    if not match:
+        problem(f"{env}: no COMPILED_SOURCES tuple")
+        return ()
+    return tuple(re.findall(r'"([\w.]+)"', match.group(1)))
+
+
 def problem(text: str) -> None:
     problems.append(text)
 
@@ -247,10 +258,12 @@ def check_wheel(path: Path, kind: str) -> None:
             problem(
                 f"{path.name}: platform tag {platform_tag} is not manylinux (auditwheel repair)"
             )
-        wanted = f"_store_c.cpython-{python_tag[2:]}-"
-        if len(extensions) != 1 or not extensions[0].startswith(wanted):
+        stems = sorted(["_store_c", *(m.split(".", 1)[1].replace(".", "/") for m in compiled())])
+        found = sorted(e.split(".", 1)[0] for e in extensions)
+        tag = f".cpython-{python_tag[2:]}-"
+        if found != stems or not all(tag in e for e in extensions):
             problem(
-                f"{path.name}: expected one _store_c extension for {python_tag}, has {extensions}"
+                f"{path.name}: expected the extensions {stems} for {python_tag}, has {extensions}"
             )
         if "Root-Is-Purelib: false" not in wheel_meta:
             problem(f"{path.name}: WHEEL says Root-Is-Purelib is not false")

@@ -36,6 +36,7 @@ from hypothesis import strategies as st
 
 import harel_store
 from harel_store import (
+    Commit,
     Execution,
     IdempotencyConflict,
     OutboxEntry,
@@ -1179,6 +1180,23 @@ def test_synchronous(opened: Callable[..., SqliteStore], given: str, level: int)
     assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == level
     store.commit(Execution(id="e1"), [("t", "x")])
     assert opened().load("e1").version == 1
+
+
+def test_the_connection_keeps_statement_journals_in_memory_and_a_larger_wal(
+    opened: Callable[..., SqliteStore], path: Path
+) -> None:
+    from harel_store.sqlite._schema import WAL_AUTOCHECKPOINT
+
+    store = opened()
+    conn = store._conn
+    assert conn is not None
+    assert conn.execute("PRAGMA temp_store").fetchone()[0] == 2  # MEMORY
+    assert conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == WAL_AUTOCHECKPOINT > 1000
+    exes = [Execution(id=f"e{i}") for i in range(50)]
+    for n in range(100):  # about 3,600 pages of WAL: past SQLite's default of 1,000
+        store.commit_many([Commit(e, [("t", {"n": n})], f"m{n}", trace={"n": n}) for e in exes])
+    pages = os.path.getsize(f"{path}-wal") // conn.execute("PRAGMA page_size").fetchone()[0]
+    assert 1000 < pages <= WAL_AUTOCHECKPOINT + 300, pages
 
 
 def test_a_lock_held_past_busy_timeout_is_a_store_error_with_nothing_written(
